@@ -1,0 +1,29 @@
+# Two commands: `make run` (the CIFAR-10 recipe, 2 processes, synthetic data) and `make test`.
+# Both create .venv when it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,plot]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m fleetlite.cli launch --nproc_per_node 2 recipes/cifar10.py data=synthetic
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/dp_vs_ddp.py
+	$(PY) benchmarks/input_pipeline.py
+	$(PY) benchmarks/trainer_overhead.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,42 @@
+"""fleetlite: PaddlePaddle's collective ``fleet`` workflow on PyTorch, with a Keras-style Trainer.
+
+Importing the package is cheap: submodules (and torchvision, hydra, rich) load
+on first use of a public name.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "DataParallel": ("fleetlite.parallel", "DataParallel"),
+    "Trainer": ("fleetlite.trainer", "Trainer"),
+    "Model": ("fleetlite.trainer", "Trainer"),
+    "fleet": ("fleetlite.distributed.fleet", None),
+    "distributed": ("fleetlite.distributed", None),
+    "autograd": ("fleetlite.autograd", None),
+    "callbacks": ("fleetlite.trainer.callbacks", None),
+    "metric": ("fleetlite.trainer.metrics", None),
+    "io": ("fleetlite.io", None),
+    "vision": ("fleetlite.vision", None),
+    "static": ("fleetlite.static", None),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fleetlite' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

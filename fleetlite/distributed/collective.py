@@ -1,0 +1,182 @@
+"""Process-group setup and the few collectives users call directly.
+
+``init_parallel_env`` is the one place that turns the launcher's variables
+(see :mod:`fleetlite.distributed.env`) into a ``torch.distributed`` process
+group. Everything else in fleetlite asks this module for rank and world size.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import warnings
+
+import torch
+import torch.distributed as tdist
+
+from .env import DistEnvError, read_env
+
+__all__ = [
+    "init_parallel_env",
+    "get_rank",
+    "get_world_size",
+    "barrier",
+    "is_initialized",
+    "default_timeout",
+    "destroy_process_group",
+    "all_reduce",
+    "broadcast",
+    "all_gather_object",
+    "ReduceOp",
+]
+
+ReduceOp = tdist.ReduceOp
+
+#: Seconds a collective may wait for a peer before failing (env ``FLEETLITE_COLLECTIVE_TIMEOUT``).
+DEFAULT_TIMEOUT_S = 600.0
+_BACKENDS = ("auto", "gloo", "nccl")
+_warned_single = False
+
+
+def default_timeout() -> datetime.timedelta:
+    """The collective timeout: ``FLEETLITE_COLLECTIVE_TIMEOUT`` seconds, else 600 s."""
+    raw = os.environ.get("FLEETLITE_COLLECTIVE_TIMEOUT", "").strip()
+    if not raw:
+        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise DistEnvError(
+            f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds; set e.g. 600"
+        ) from None
+    if seconds <= 0:
+        raise DistEnvError(f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} must be positive (seconds)")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _resolve_backend(backend: str) -> str:
+    if not isinstance(backend, str) or backend.lower() not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(_BACKENDS)} "
+                         "('auto' picks nccl with CUDA, gloo otherwise)")
+    backend = backend.lower()
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs CUDA, but no CUDA device is available here; "
+                         "use backend='gloo' (or 'auto') to run on the CPU")
+    return backend
+
+
+def _as_timedelta(timeout) -> datetime.timedelta:
+    if timeout is None:
+        return default_timeout()
+    if isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        return datetime.timedelta(seconds=float(timeout))
+    raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or a datetime.timedelta")
+
+
+def init_parallel_env(backend: str = "auto", timeout=None):
+    """Initialise the process group from torchrun's (or Paddle's) variables.
+
+    Idempotent: a second call returns the existing group. With world size 1
+    it warns once and does nothing, so the same script runs single-process
+    (and returns ``None``). On CUDA the current device is set to the local
+    rank (or ``FLAGS_selected_gpus``).
+
+    Args:
+        backend: ``"auto"`` (NCCL with CUDA, gloo otherwise), ``"gloo"`` or ``"nccl"``.
+        timeout: seconds (or a ``timedelta``) a collective may wait for a peer;
+            default ``FLEETLITE_COLLECTIVE_TIMEOUT`` or 600 s.
+
+    Example::
+
+        import fleetlite.distributed as dist
+        dist.init_parallel_env()
+        print(dist.get_rank(), dist.get_world_size())
+    """
+    global _warned_single
+    resolved = _resolve_backend(backend)
+    td = _as_timedelta(timeout)
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.group.WORLD
+    env = read_env()
+    if env.world_size == 1:
+        if not _warned_single:
+            warnings.warn("fleetlite: world size is 1, running single-process (no process group created)",
+                          stacklevel=2)
+            _warned_single = True
+        return None
+    if not tdist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed support; install a standard torch wheel")
+    if resolved == "nccl":
+        from .env import ParallelEnv
+
+        device_id = ParallelEnv().device_id % torch.cuda.device_count()
+        torch.cuda.set_device(device_id)
+    if env.source == "paddle":
+        os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    kwargs = {}
+    if resolved == "nccl":
+        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    tdist.init_process_group(backend=resolved, init_method="env://", rank=env.rank,
+                             world_size=env.world_size, timeout=td, **kwargs)
+    return tdist.group.WORLD
+
+
+def is_initialized() -> bool:
+    """True when a process group exists (world size > 1 after ``init_parallel_env``)."""
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def get_rank(group=None) -> int:
+    """This process's rank (0 when no process group exists)."""
+    if is_initialized():
+        return tdist.get_rank(group)
+    return read_env().rank if group is None else 0
+
+
+def get_world_size(group=None) -> int:
+    """Number of processes (1 when no process group exists)."""
+    if is_initialized():
+        return tdist.get_world_size(group)
+    return 1
+
+
+def barrier(group=None) -> None:
+    """Wait for every rank; a no-op single-process."""
+    if is_initialized():
+        tdist.barrier(group)
+
+
+def destroy_process_group() -> None:
+    """Tear down the process group if one exists."""
+    if is_initialized():
+        tdist.destroy_process_group()
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, sync_op: bool = True):
+    """In-place all-reduce (Paddle signature); identity single-process."""
+    if not is_initialized():
+        return None
+    work = tdist.all_reduce(tensor, op=op, group=group, async_op=not sync_op)
+    return None if sync_op else work
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None, sync_op: bool = True):
+    """In-place broadcast from ``src``; identity single-process."""
+    if not is_initialized():
+        return None
+    work = tdist.broadcast(tensor, src=src, group=group, async_op=not sync_op)
+    return None if sync_op else work
+
+
+def all_gather_object(obj, group=None) -> list:
+    """Every rank's ``obj``, in rank order (``[obj]`` single-process)."""
+    if not is_initialized():
+        return [obj]
+    out = [None] * tdist.get_world_size(group)
+    tdist.all_gather_object(out, obj, group=group)
+    return out

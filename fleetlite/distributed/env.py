@@ -1,0 +1,235 @@
+"""The distributed environment, read once from the launcher's variables.
+
+Two conventions are understood:
+
+* torchrun / torchelastic: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_WORLD_SIZE``);
+* Paddle's launcher, used when the torchrun variables are absent:
+  ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS``,
+  ``PADDLE_CURRENT_ENDPOINT``, ``FLAGS_selected_gpus``.
+
+Nothing here touches torch.distributed: this module only parses and checks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["DistEnvError", "DistEnv", "read_env", "ParallelEnv"]
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+PADDLE_VARS = (
+    "PADDLE_TRAINER_ID",
+    "PADDLE_TRAINERS_NUM",
+    "PADDLE_TRAINER_ENDPOINTS",
+    "PADDLE_CURRENT_ENDPOINT",
+    "FLAGS_selected_gpus",
+)
+
+
+class DistEnvError(ValueError):
+    """A launcher variable is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """What the launcher told this process."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+    trainer_endpoints: tuple[str, ...] = field(default_factory=tuple)
+    current_endpoint: str = ""
+    selected_gpus: tuple[int, ...] = field(default_factory=tuple)
+    source: str = "none"  # "torchrun", "paddle" or "none"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise DistEnvError(f"environment variable {name} is not set; set it (an integer) or start "
+                                    "the script with `fleetlite launch`")
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise DistEnvError(
+            f"environment variable {name}={raw!r} is not an integer; set it to a whole number "
+            "(or unset it and start the script with `fleetlite launch`)"
+        ) from None
+
+
+def _endpoint(name: str, raw: str) -> tuple[str, int]:
+    host, sep, port = raw.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise DistEnvError(f"{name} entry {raw!r} is not of the form HOST:PORT (e.g. 127.0.0.1:6170)")
+    return host, int(port)
+
+
+def _check_rank(rank: int, world_size: int, rank_name: str, size_name: str) -> None:
+    if world_size < 1:
+        raise DistEnvError(f"{size_name}={world_size} must be at least 1")
+    if not 0 <= rank < world_size:
+        raise DistEnvError(
+            f"{rank_name}={rank} is outside 0..{world_size - 1} ({size_name}={world_size}); "
+            f"every process needs a distinct rank below the world size"
+        )
+
+
+def _read_torchrun(env: Mapping[str, str]) -> DistEnv:
+    world_size = _int(env, "WORLD_SIZE", 1)
+    rank = _int(env, "RANK", 0)
+    _check_rank(rank, world_size, "RANK", "WORLD_SIZE")
+    local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 and "LOCAL_WORLD_SIZE" not in env else 0)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+    addr = env.get("MASTER_ADDR") or None
+    port_raw = env.get("MASTER_PORT")
+    port = _int(env, "MASTER_PORT") if port_raw not in (None, "") else None
+    if world_size > 1 and (addr is None or port is None):
+        missing = "MASTER_ADDR" if addr is None else "MASTER_PORT"
+        raise DistEnvError(
+            f"WORLD_SIZE={world_size} but {missing} is not set: the ranks cannot find each other. "
+            "Set MASTER_ADDR and MASTER_PORT, or start the script with `fleetlite launch`"
+        )
+    if port is not None and not 0 < port < 65536:
+        raise DistEnvError(f"MASTER_PORT={port} is not a valid TCP port (1..65535)")
+    host = addr or "127.0.0.1"
+    current = f"{host}:{(port or 6170) + local_rank}"
+    gpus = _gpus(env)
+    return DistEnv(rank, world_size, local_rank, local_world_size, addr, port, (), current, gpus, "torchrun")
+
+
+def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:
+    raw = env.get("FLAGS_selected_gpus", "").strip()
+    if not raw:
+        return ()
+    try:
+        return tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise DistEnvError(
+            f"FLAGS_selected_gpus={raw!r} is not a comma-separated list of GPU indices (e.g. '0' or '0,1')"
+        ) from None
+
+
+def _read_paddle(env: Mapping[str, str]) -> DistEnv:
+    rank = _int(env, "PADDLE_TRAINER_ID", 0)
+    world_size = _int(env, "PADDLE_TRAINERS_NUM", 1)
+    _check_rank(rank, world_size, "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM")
+    eps_raw = env.get("PADDLE_TRAINER_ENDPOINTS", "").strip()
+    endpoints = tuple(e.strip() for e in eps_raw.split(",") if e.strip())
+    for e in endpoints:
+        _endpoint("PADDLE_TRAINER_ENDPOINTS", e)
+    if world_size > 1 and not endpoints:
+        raise DistEnvError(
+            f"PADDLE_TRAINERS_NUM={world_size} but PADDLE_TRAINER_ENDPOINTS is not set: the ranks cannot "
+            "find each other. Set it to a comma-separated HOST:PORT list, or use `fleetlite launch`"
+        )
+    if endpoints and len(endpoints) != world_size:
+        raise DistEnvError(
+            f"PADDLE_TRAINER_ENDPOINTS lists {len(endpoints)} endpoints but PADDLE_TRAINERS_NUM={world_size}; "
+            "give one HOST:PORT per trainer"
+        )
+    current = env.get("PADDLE_CURRENT_ENDPOINT", "").strip() or (endpoints[rank] if endpoints else "")
+    if current:
+        _endpoint("PADDLE_CURRENT_ENDPOINT", current)
+    if endpoints and current and current != endpoints[rank]:
+        raise DistEnvError(
+            f"PADDLE_CURRENT_ENDPOINT={current} differs from entry {rank} of PADDLE_TRAINER_ENDPOINTS "
+            f"({endpoints[rank]}) for PADDLE_TRAINER_ID={rank}; make them agree"
+        )
+    addr, port = _endpoint("PADDLE_TRAINER_ENDPOINTS", endpoints[0]) if endpoints else (None, None)
+    cur_host = current.rpartition(":")[0] if current else None
+    local_peers = [e for e in endpoints if e.rpartition(":")[0] == cur_host] if endpoints else []
+    local_rank = local_peers.index(current) if current in local_peers else 0
+    gpus = _gpus(env)
+    return DistEnv(rank, world_size, local_rank, max(len(local_peers), 1), addr, port, endpoints, current,
+                   gpus, "paddle")
+
+
+def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Parse the launcher variables of ``env`` (default ``os.environ``).
+
+    torchrun's variables win; Paddle's are read only when none of torchrun's
+    rank variables is present. Raises :class:`DistEnvError` with the
+    variable and the fix on bad input.
+
+    >>> read_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}).rank
+    1
+    """
+    env = os.environ if env is None else env
+    if any(k in env for k in ("RANK", "WORLD_SIZE")):
+        return _read_torchrun(env)
+    if any(k in env for k in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS")):
+        return _read_paddle(env)
+    return DistEnv(selected_gpus=_gpus(env))
+
+
+class ParallelEnv:
+    """Paddle's ``ParallelEnv``: the rank, world size and device of this process.
+
+    Values come from the initialised process group when there is one, else
+    from the launcher's variables.
+
+    >>> env = ParallelEnv()
+    >>> env.rank, env.world_size, env.nranks
+    (0, 1, 1)
+    """
+
+    def __init__(self) -> None:
+        self._env = read_env()
+
+    @property
+    def rank(self) -> int:
+        from . import collective
+
+        return collective.get_rank() if collective.is_initialized() else self._env.rank
+
+    @property
+    def world_size(self) -> int:
+        from . import collective
+
+        return collective.get_world_size() if collective.is_initialized() else self._env.world_size
+
+    nranks = world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._env.local_rank
+
+    @property
+    def device_id(self) -> int:
+        if self._env.selected_gpus:
+            return self._env.selected_gpus[0]
+        return self._env.local_rank
+
+    dev_id = device_id
+
+    @property
+    def device(self):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.device_id % max(torch.cuda.device_count(), 1))
+        return torch.device("cpu")
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def trainer_endpoints(self) -> list[str]:
+        return list(self._env.trainer_endpoints) or [self._env.current_endpoint]
+
+    @property
+    def current_endpoint(self) -> str:
+        return self._env.current_endpoint
+
+    def __repr__(self) -> str:
+        return (f"ParallelEnv(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
+                f"device={self.device})")

@@ -1,0 +1,166 @@
+"""Helpers to test multi-process behaviour with real processes and a hard timeout.
+
+``run_ranks`` runs a function on N ranks (gloo, CPU, one thread each) and
+returns every rank's result; an exception on any rank is re-raised naming the
+rank, and a hang becomes a ``TimeoutError`` with every process killed.
+``run_launch`` runs ``fleetlite launch ...`` as a subprocess, also bounded.
+
+Example::
+
+    def check(rank, world_size):
+        t = torch.ones(1) * (rank + 1)
+        torch.distributed.all_reduce(t)
+        return t.item()
+
+    assert run_ranks(check, world_size=2) == [3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as _mp
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+__all__ = ["run_ranks", "run_launch", "RankFailure", "free_port"]
+
+
+class RankFailure(AssertionError):
+    """A rank raised; the message holds its rank and traceback."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+def free_port() -> int:
+    from .distributed.spawn import find_free_port
+
+    return find_free_port()
+
+
+_CTX = None
+
+
+def _context():
+    global _CTX
+    if _CTX is None:
+        _CTX = _mp.get_context("forkserver")
+        # the fork server imports torch once; every rank is then a cheap fork of a torch-ready process
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "fleetlite.distributed"])
+    return _CTX
+
+
+def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
+    os.environ.update(env)
+    from .distributed.spawn import worker_env
+
+    os.environ.update(worker_env(rank, world_size, "127.0.0.1", port))
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        if init:
+            from . import distributed as dist
+
+            dist.init_parallel_env(backend="gloo")
+        out = fn(rank, world_size, *args, **kwargs)
+        results.put((rank, "ok", out))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            from . import distributed as dist
+
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 120.0,
+              env: dict[str, str] | None = None, init: bool = True, expect_failure: bool = False):
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
+
+    ``fn`` must be importable (module level). The process group (gloo) is
+    initialised before ``fn`` runs unless ``init=False``. Returns the list of
+    return values by rank. With ``expect_failure=True`` returns a dict
+    ``{rank: ("ok", value) | ("error", text)}`` instead of raising, for tests
+    that check how ranks fail.
+    """
+    ctx = _context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world_size, port, fn, tuple(args), dict(kwargs or {}),
+                                              results, dict(env or {}), init), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    got: dict[int, tuple[str, object]] = {}
+    try:
+        while len(got) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(got))
+                raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s (hang?); "
+                                   f"finished: {sorted(got)}")
+            try:
+                rank, status, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
+                if dead:
+                    # a rank died without reporting (killed): let the others report for a moment
+                    time.sleep(0.5)
+                    while True:
+                        try:
+                            rank, status, value = results.get_nowait()
+                            got[rank] = (status, value)
+                        except queue.Empty:
+                            break
+                    for r in dead:
+                        got.setdefault(r, ("error", f"process exited with code {procs[r].exitcode}"))
+                    if not expect_failure:
+                        break
+                continue
+            got[rank] = (status, value)
+            if status == "error" and not expect_failure:
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(got) == world_size else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if expect_failure:
+        return got
+    for rank in sorted(got):
+        status, value = got[rank]
+        if status == "error":
+            raise RankFailure(f"rank {rank} failed:\n{value}", rank)
+    return [got[r][1] for r in range(world_size)]
+
+
+def run_launch(args: list[str], timeout: float = 180.0, env: dict[str, str] | None = None,
+               cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m fleetlite.cli launch *args`` with a timeout; kills the whole process group on expiry."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "fleetlite.cli", "launch", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise TimeoutError(f"`fleetlite launch {' '.join(args)}` did not finish within {timeout:.0f} s\n"
+                           f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import multiprocessing as _mp
 import os
 import queue
@@ -69,7 +70,10 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
 
             dist.init_parallel_env(backend="gloo")
         out = fn(rank, world_size, *args, **kwargs)
-        results.put((rank, "ok", out))
+        # serialise here: tensors sent through the queue as shared memory die with this process
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, "ok", buf.getvalue()))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -139,12 +143,18 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
                 p.kill()
                 p.join(timeout=5)
     if expect_failure:
-        return got
+        return {r: (s, _decode(v) if s == "ok" else v) for r, (s, v) in got.items()}
     for rank in sorted(got):
         status, value = got[rank]
         if status == "error":
             raise RankFailure(f"rank {rank} failed:\n{value}", rank)
-    return [got[r][1] for r in range(world_size)]
+    return [_decode(got[r][1]) for r in range(world_size)]
+
+
+def _decode(payload: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)
 
 
 def run_launch(args: list[str], timeout: float = 180.0, env: dict[str, str] | None = None,

@@ -28,6 +28,7 @@ __all__ = [
     "broadcast",
     "all_gather_object",
     "ReduceOp",
+    "CollectiveError",
 ]
 
 ReduceOp = tdist.ReduceOp
@@ -36,6 +37,44 @@ ReduceOp = tdist.ReduceOp
 DEFAULT_TIMEOUT_S = 600.0
 _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
+_group_timeout: datetime.timedelta | None = None  # the timeout the group was created with
+
+# gloo / NCCL phrase "a peer is gone or late" in these words
+_PEER_FAILURE_HINTS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
+                       "closed by peer")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed on this rank because a peer died or did not join it in time.
+
+    The message names the collective, this rank, the timeout in force and
+    what to check; the backend's own error is chained as ``__cause__``.
+
+    Example::
+
+        try:
+            dist.all_reduce(t)
+        except CollectiveError as e:
+            print("a peer is gone:", e)
+    """
+
+
+def _collective(name: str, fn, *args, **kwargs):
+    """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError`."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:
+        text = str(e)
+        if not any(h in text.lower() for h in _PEER_FAILURE_HINTS):
+            raise
+        seconds = (_group_timeout or default_timeout()).total_seconds()
+        raise CollectiveError(
+            f"{name} failed on rank {tdist.get_rank()} of {tdist.get_world_size()}: a peer rank died or did not "
+            f"reach the same {name} within the collective timeout ({seconds:g} s). Look for the first error in "
+            "the other ranks' output; every rank must call the same collectives in the same order. The timeout "
+            f"is set by init_parallel_env(timeout=...) or FLEETLITE_COLLECTIVE_TIMEOUT. Backend error: "
+            f"{text.strip()[:500]}"
+        ) from e
 
 
 def default_timeout() -> datetime.timedelta:
@@ -86,7 +125,8 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     rank (or ``FLAGS_selected_gpus``).
 
     Args:
-        backend: ``"auto"`` (NCCL with CUDA, gloo otherwise), ``"gloo"`` or ``"nccl"``.
+        backend: ``"auto"`` (``PADDLE_DISTRI_BACKEND`` when set, e.g. by ``spawn(backend=...)``;
+            else NCCL with CUDA, gloo otherwise), ``"gloo"`` or ``"nccl"``.
         timeout: seconds (or a ``timedelta``) a collective may wait for a peer;
             default ``FLEETLITE_COLLECTIVE_TIMEOUT`` or 600 s.
 
@@ -96,8 +136,16 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         dist.init_parallel_env()
         print(dist.get_rank(), dist.get_world_size())
     """
-    global _warned_single
-    resolved = _resolve_backend(backend)
+    global _warned_single, _group_timeout
+    paddle_backend = os.environ.get("PADDLE_DISTRI_BACKEND", "").strip()  # set by spawn(backend=...)
+    if isinstance(backend, str) and backend.lower() == "auto" and paddle_backend:
+        try:
+            resolved = _resolve_backend(paddle_backend)
+        except ValueError as e:
+            raise DistEnvError(f"environment variable PADDLE_DISTRI_BACKEND={paddle_backend!r} is not usable: {e}; "
+                               "fix or unset it") from None
+    else:
+        resolved = _resolve_backend(backend)
     td = _as_timedelta(timeout)
     if tdist.is_available() and tdist.is_initialized():
         return tdist.group.WORLD
@@ -123,6 +171,7 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     tdist.init_process_group(backend=resolved, init_method="env://", rank=env.rank,
                              world_size=env.world_size, timeout=td, **kwargs)
+    _group_timeout = td
     return tdist.group.WORLD
 
 
@@ -148,20 +197,22 @@ def get_world_size(group=None) -> int:
 def barrier(group=None) -> None:
     """Wait for every rank; a no-op single-process."""
     if is_initialized():
-        tdist.barrier(group)
+        _collective("barrier", tdist.barrier, group)
 
 
 def destroy_process_group() -> None:
     """Tear down the process group if one exists."""
+    global _group_timeout
     if is_initialized():
         tdist.destroy_process_group()
+    _group_timeout = None
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, sync_op: bool = True):
     """In-place all-reduce (Paddle signature); identity single-process."""
     if not is_initialized():
         return None
-    work = tdist.all_reduce(tensor, op=op, group=group, async_op=not sync_op)
+    work = _collective("all_reduce", tdist.all_reduce, tensor, op=op, group=group, async_op=not sync_op)
     return None if sync_op else work
 
 
@@ -169,7 +220,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None, sync_op: bool = Tr
     """In-place broadcast from ``src``; identity single-process."""
     if not is_initialized():
         return None
-    work = tdist.broadcast(tensor, src=src, group=group, async_op=not sync_op)
+    work = _collective("broadcast", tdist.broadcast, tensor, src=src, group=group, async_op=not sync_op)
     return None if sync_op else work
 
 
@@ -178,5 +229,5 @@ def all_gather_object(obj, group=None) -> list:
     if not is_initialized():
         return [obj]
     out = [None] * tdist.get_world_size(group)
-    tdist.all_gather_object(out, obj, group=group)
+    _collective("all_gather_object", tdist.all_gather_object, out, obj, group=group)
     return out

@@ -74,7 +74,8 @@ def _endpoint(name: str, raw: str) -> tuple[str, int]:
 
 def _check_rank(rank: int, world_size: int, rank_name: str, size_name: str) -> None:
     if world_size < 1:
-        raise DistEnvError(f"{size_name}={world_size} must be at least 1")
+        raise DistEnvError(f"{size_name}={world_size} must be at least 1: set it to the number of processes "
+                           "(or unset it to run single-process)")
     if not 0 <= rank < world_size:
         raise DistEnvError(
             f"{rank_name}={rank} is outside 0..{world_size - 1} ({size_name}={world_size}); "
@@ -88,6 +89,10 @@ def _read_torchrun(env: Mapping[str, str]) -> DistEnv:
     _check_rank(rank, world_size, "RANK", "WORLD_SIZE")
     local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 and "LOCAL_WORLD_SIZE" not in env else 0)
     local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+    _check_rank(local_rank, local_world_size, "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    if local_world_size > world_size:
+        raise DistEnvError(f"LOCAL_WORLD_SIZE={local_world_size} exceeds WORLD_SIZE={world_size}; a node cannot "
+                           "run more processes than the whole job: fix one of the two")
     addr = env.get("MASTER_ADDR") or None
     port_raw = env.get("MASTER_PORT")
     port = _int(env, "MASTER_PORT") if port_raw not in (None, "") else None
@@ -99,10 +104,35 @@ def _read_torchrun(env: Mapping[str, str]) -> DistEnv:
         )
     if port is not None and not 0 < port < 65536:
         raise DistEnvError(f"MASTER_PORT={port} is not a valid TCP port (1..65535)")
-    host = addr or "127.0.0.1"
-    current = f"{host}:{(port or 6170) + local_rank}"
+    endpoints, current = _torchrun_endpoints(env, rank, world_size, local_rank, local_world_size, addr, port)
     gpus = _gpus(env)
-    return DistEnv(rank, world_size, local_rank, local_world_size, addr, port, (), current, gpus, "torchrun")
+    return DistEnv(rank, world_size, local_rank, local_world_size, addr, port, endpoints, current, gpus,
+                   "torchrun")
+
+
+def _torchrun_endpoints(env: Mapping[str, str], rank: int, world_size: int, local_rank: int,
+                        local_world_size: int, addr: str | None, port: int | None) -> tuple[tuple[str, ...], str]:
+    """Paddle's endpoint list under torchrun's variables.
+
+    ``fleetlite launch`` and ``spawn`` export ``PADDLE_TRAINER_ENDPOINTS``; they
+    are used when they agree with ``RANK``/``WORLD_SIZE`` (stale values left in
+    a shell are ignored). Otherwise, on one node, the list is derived the way
+    the launcher derives it: ``MASTER_ADDR:MASTER_PORT+1+rank``.
+    """
+    raw = env.get("PADDLE_TRAINER_ENDPOINTS", "").strip()
+    listed = tuple(e.strip() for e in raw.split(",") if e.strip())
+    trainer_id = env.get("PADDLE_TRAINER_ID", str(rank)).strip()
+    if len(listed) == world_size and trainer_id == str(rank):
+        for e in listed:
+            _endpoint("PADDLE_TRAINER_ENDPOINTS", e)
+        current = env.get("PADDLE_CURRENT_ENDPOINT", "").strip() or listed[rank]
+        return listed, current
+    host = addr or "127.0.0.1"
+    base = port or 6170
+    if local_world_size == world_size:  # a single node: every endpoint is known
+        endpoints = tuple(f"{host}:{base + 1 + i}" for i in range(world_size))
+        return endpoints, endpoints[rank]
+    return (), ""  # other nodes' hosts are unknown here (`fleetlite launch` exchanges them)
 
 
 def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:

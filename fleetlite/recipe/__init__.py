@@ -1,0 +1,10 @@
+"""Support for the Hydra recipes in ``recipes/`` (configs in ``conf/``): one concept per module.
+
+* :mod:`fleetlite.recipe.schema`    dataclass schemas of every config group, registered in Hydra's ConfigStore
+* :mod:`fleetlite.recipe.validate`  value checks and one-line config errors
+* :mod:`fleetlite.recipe.preflight` the command-line check and ONE run directory shared by all ranks
+* :mod:`fleetlite.recipe.build`     config -> data, model, optimizer, schedule, strategy, callbacks
+* :mod:`fleetlite.recipe.plot`      the training-curves PNG
+
+Nothing is imported here: each recipe imports the modules it uses.
+"""

@@ -1,0 +1,165 @@
+"""Before ``hydra.main`` runs: check the command line and agree on ONE run directory across ranks.
+
+Hydra composes the config inside each process, so under torchrun every rank
+would resolve ``${now:...}`` itself and make its own timestamped directory,
+and every rank would write ``.hydra/`` and a log file. :func:`prepare_cli`
+fixes both before Hydra starts:
+
+1. compose the config exactly as Hydra will (each sweep value of ``-m``
+   too) and check it (:mod:`fleetlite.recipe.validate`): a bad override
+   stops every rank with ONE line on stderr (from rank 0) and exit status 2;
+2. when several ranks run, initialise the process group and let rank 0
+   resolve ``run_dir``, create it and prove it writable, find the checkpoint
+   ``resume=`` names; every rank gets rank 0's answer (or its error);
+3. rewrite ``sys.argv`` so every rank passes the same ``run_dir=...``, and
+   ranks other than 0 pass ``hydra.output_subdir=null`` and disabled Hydra
+   logging: only rank 0 writes into the run directory.
+
+Example (the recipe's ``__main__``)::
+
+    if __name__ == "__main__":
+        prepare_cli(CONF_DIR, "cifar10")   # exits with one line on bad input
+        main()                              # the @hydra.main function
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+from .validate import ConfigError, check_config, check_run_dir, describe_compose_error, find_resume_checkpoint
+
+__all__ = ["prepare_cli", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
+
+#: Exit status of a run refused before training (bad config, data, run directory).
+EXIT_CONFIG = 2
+_HYDRA_INFO_FLAGS = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "config_path",
+                     "config_dir", "experimental_rerun")
+_MAX_SWEEP_CHECKS = 64
+
+
+def rank() -> int:
+    """This process's rank from the launcher's variables (0 when not launched)."""
+    from fleetlite.distributed.env import read_env
+
+    return read_env().rank
+
+
+def world_size() -> int:
+    from fleetlite.distributed.env import read_env
+
+    return read_env().world_size
+
+
+def fail(message: str, status: int = EXIT_CONFIG) -> None:
+    """Print ``error: message`` on one line (rank 0 only) and exit with ``status`` on every rank."""
+    if rank() == 0:
+        print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+def agree(value):
+    """Rank 0's ``value`` on every rank (``value`` itself when no process group exists)."""
+    from fleetlite.distributed import all_gather_object, is_initialized
+
+    return all_gather_object(value)[0] if is_initialized() else value
+
+
+def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Config overrides (no hydra.* ones) as a list of override lists: one per sweep combination."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    plain, sweeps = [], []
+    for o in parsed:
+        if o.is_hydra_override():
+            continue
+        if o.is_sweep_override():
+            key = o.get_key_element()
+            sweeps.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            plain.append(o.input_line)
+    combos = [plain + list(c) for c in itertools.islice(itertools.product(*sweeps), _MAX_SWEEP_CHECKS)]
+    return plain, combos
+
+
+def _compose(config_dir: str, config_name: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _backend(device: str) -> str:
+    return {"cpu": "gloo", "cuda": "nccl"}.get(device, "auto")
+
+
+def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None) -> list[str]:
+    """Check the Hydra command line in ``sys.argv`` and pin one run directory for every rank.
+
+    Returns the new argument list (also written to ``sys.argv``). Calls
+    :func:`fail` (one line, exit status 2) on bad input. Informational Hydra
+    flags (``--help``, ``--cfg``, ``--info``...) are passed through untouched.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    from .schema import register_configs
+
+    register_configs()
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = get_args_parser().parse_args(args_in)
+    except SystemExit:
+        raise
+    if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS) or args.config_name:
+        return args_in
+    try:
+        _, combos = _split_overrides(args.overrides)
+    except Exception as e:  # noqa: BLE001 - Hydra's parser raises several types; all are user errors
+        fail(f"cannot parse the overrides: {describe_compose_error(e)}")
+    if len(combos) > 1 and not args.multirun:
+        fail("an override lists several values (a sweep) but --multirun (-m) is not given; add -m, "
+             "or give one value")
+    n = world_size()
+    cfgs = []
+    for overrides in combos:
+        try:
+            cfg = _compose(str(config_dir), config_name, overrides)
+            check_config(cfg, world_size=n)
+        except ConfigError as e:
+            fail(str(e))
+        except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf composition errors
+            fail(describe_compose_error(e))
+        cfgs.append(cfg)
+    cfg = cfgs[0]
+    if n > 1:
+        from fleetlite.distributed import init_parallel_env
+
+        init_parallel_env(backend=_backend(cfg.device.value))
+    answer: dict = {}
+    if rank() == 0:
+        try:
+            run_dir = str(cfg.run_dir)  # resolves ${now:...} once, here
+            check_run_dir(run_dir)
+            if not args.multirun:  # multirun jobs check their own run_dir/<job> directory
+                find_resume_checkpoint(cfg.resume, run_dir)
+            answer = {"run_dir": run_dir}
+        except ConfigError as e:
+            answer = {"error": str(e)}
+        except Exception as e:  # noqa: BLE001 - e.g. a bad interpolation in run_dir
+            answer = {"error": f"run_dir: {describe_compose_error(e)}"}
+    answer = agree(answer)
+    if "error" in answer:
+        fail(answer["error"])
+    new_args = [a for a in args_in if not _sets_run_dir(a)] + [f"run_dir={answer['run_dir']}"]
+    if rank() != 0:
+        new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    sys.argv = [sys.argv[0], *new_args]
+    return new_args
+
+
+def _sets_run_dir(arg: str) -> bool:
+    key = arg.split("=", 1)[0].lstrip("+~")
+    return "=" in arg and key == "run_dir"

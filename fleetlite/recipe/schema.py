@@ -1,0 +1,278 @@
+"""Dataclass schemas of the recipe configs, registered in Hydra's ConfigStore.
+
+Every YAML option in ``conf/<group>/`` starts from one of these schemas
+(``defaults: [/schema/<group>/<name>@_here_, _self_]``), so Hydra rejects an
+unknown key or a value of the wrong type while composing, before any
+training. Value checks that types cannot express (lr > 0, ...) live in
+:mod:`fleetlite.recipe.validate`.
+
+No work at import time: call :func:`register_configs` (idempotent) before
+``hydra.main`` runs.
+
+Example::
+
+    from fleetlite.recipe.schema import register_configs
+    register_configs()     # then: @hydra.main(version_base="1.3", config_path="conf", config_name="cifar10")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING
+
+__all__ = [
+    "DataName", "Device", "AmpDtype", "DataConfig", "TutorialCNNConfig", "ResNet18Config", "FastConfig",
+    "SGDConfig", "AdamConfig", "AdamWConfig", "CosineConfig", "OneCycleConfig", "NoSchedConfig",
+    "AmpConfigs", "RecomputeConfigs", "GradientMergeConfigs", "Fp16AllreduceConfigs", "ShardingConfigs",
+    "StrategyConfig", "EarlyStoppingConfig", "CallbacksConfig", "TrainerConfig", "RecipeConfig",
+    "register_configs", "SCHEMAS",
+]
+
+
+class DataName(Enum):
+    cifar10 = "cifar10"
+    synthetic = "synthetic"
+
+
+class Device(Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class AmpDtype(Enum):
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class PadMode(Enum):
+    zeros = "zeros"
+    reflect = "reflect"
+
+
+# --- data -----------------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    """``data/``: which CIFAR-10 and how it is fed (uint8 tensors, batched crop + flip)."""
+
+    name: DataName = DataName.cifar10
+    root: str = "data/cifar10"      # where CIFAR-10 is looked for (and downloaded to)
+    download: bool = True           # try to download when the files are not under root
+    train_size: int | None = None   # None: the whole split; else the first N samples (synthetic: N generated)
+    test_size: int | None = None
+    seed: int = 0                   # synthetic data only: the generator's seed
+    augment: bool = True            # random crop (pad 4) + horizontal flip on training batches
+    pad_mode: PadMode = PadMode.zeros
+    channels_last: bool = False     # NHWC memory format (faster convolutions on GPUs with AMP)
+    on_device: bool = True          # keep the uint8 data set on the accelerator (no host-to-device copy per batch)
+
+
+# --- model ----------------------------------------------------------------------------------------------------
+@dataclass
+class TutorialCNNConfig:
+    """``model/tutorial_cnn``: the 3-conv + 2-linear network of the fleet quick start."""
+
+    name: str = "tutorial_cnn"
+
+
+@dataclass
+class ResNet18Config:
+    """``model/resnet18``: ResNet-18 with the CIFAR 3x3 stem."""
+
+    name: str = "resnet18"
+    width: int = 64
+
+
+@dataclass
+class FastConfig:
+    """``model/fast``: the airbench-style network (whitening init from the training images)."""
+
+    name: str = "fast"
+    widths: list[int] = field(default_factory=lambda: [64, 256, 256])
+    bn_momentum: float = 0.6
+    scaling_factor: float = 1 / 9
+    whiten: bool = True  # initialise the first layer from the training images' patch covariance
+
+
+# --- optimizer ------------------------------------------------------------------------------------------------
+@dataclass
+class SGDConfig:
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+
+
+@dataclass
+class AdamConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.05
+
+
+# --- schedule (stepped every optimizer step) -----------------------------------------------------------------
+@dataclass
+class CosineConfig:
+    name: str = "cosine"
+    warmup_epochs: float = 0.0   # linear warm-up from 0 over this many epochs
+    min_lr_ratio: float = 0.0    # final lr = optim.lr * min_lr_ratio
+
+
+@dataclass
+class OneCycleConfig:
+    name: str = "onecycle"
+    pct_start: float = 0.25      # fraction of the run spent rising to optim.lr
+    div_factor: float = 25.0     # start lr = optim.lr / div_factor
+    final_div_factor: float = 1e4
+
+
+@dataclass
+class NoSchedConfig:
+    name: str = "none"
+
+
+# --- strategy: fleet.DistributedStrategy, field for field -----------------------------------------------------
+@dataclass
+class AmpConfigs:
+    init_loss_scaling: float = 32768.0
+    incr_every_n_steps: int = 1000
+    decr_every_n_nan_or_inf: int = 2
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.8
+    use_dynamic_loss_scaling: bool = True
+    use_pure_fp16: bool = False
+    dtype: AmpDtype = AmpDtype.float16
+
+
+@dataclass
+class RecomputeConfigs:
+    checkpoints: list[str] = field(default_factory=list)  # submodule names to recompute in backward
+
+
+@dataclass
+class GradientMergeConfigs:
+    k_steps: int = 1
+    avg: bool = True
+
+
+@dataclass
+class Fp16AllreduceConfigs:
+    dtype: AmpDtype = AmpDtype.float16
+
+
+@dataclass
+class ShardingConfigs:
+    stage: int = 1
+
+
+@dataclass
+class StrategyConfig:
+    """``strategy/``: a ``fleet.DistributedStrategy`` in YAML (Paddle's names)."""
+
+    find_unused_parameters: bool = False
+    fuse_all_reduce_ops: bool = True
+    fuse_grad_size_in_MB: float = 32
+    last_comm_group_size_MB: float = 1
+    amp: bool = False
+    amp_configs: AmpConfigs = field(default_factory=AmpConfigs)
+    recompute: bool = False
+    recompute_configs: RecomputeConfigs = field(default_factory=RecomputeConfigs)
+    gradient_merge: bool = False
+    gradient_merge_configs: GradientMergeConfigs = field(default_factory=GradientMergeConfigs)
+    sync_batch_norm: bool = False
+    fp16_allreduce: bool = False
+    fp16_allreduce_configs: Fp16AllreduceConfigs = field(default_factory=Fp16AllreduceConfigs)
+    sharding: bool = False
+    sharding_configs: ShardingConfigs = field(default_factory=ShardingConfigs)
+
+
+# --- trainer --------------------------------------------------------------------------------------------------
+@dataclass
+class EarlyStoppingConfig:
+    enabled: bool = False
+    monitor: str = "val_loss"
+    patience: int = 5
+    min_delta: float = 0.0
+
+
+@dataclass
+class CallbacksConfig:
+    progress: bool = True        # rich progress bar (rank 0)
+    csv_logger: bool = True      # metrics.csv in the run directory
+    checkpoint: bool = True      # checkpoints/ in the run directory (needed for resume)
+    tensorboard: bool = False    # needs the tensorboard package
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass
+class TrainerConfig:
+    """``trainer/``: the loop's knobs. ``batch_size`` is global: each of N ranks takes batch_size // N."""
+
+    epochs: int = 10
+    batch_size: int = 256
+    eval_batch_size: int | None = None  # None: batch_size
+    eval_freq: int = 1                  # evaluate every N epochs (and after the last)
+    log_freq: int = 10                  # progress/log every N steps
+    save_freq: int = 1                  # checkpoint every N epochs (and after the last)
+    label_smoothing: float = 0.0
+    plot: bool = True                   # training_curves.png at the end (needs matplotlib)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+
+
+# --- the primary config ---------------------------------------------------------------------------------------
+@dataclass
+class RecipeConfig:
+    """The CIFAR-10 recipe: one option of each group, and where the run lives."""
+
+    data: Any = MISSING
+    model: Any = MISSING
+    optim: Any = MISSING
+    sched: Any = MISSING
+    strategy: Any = MISSING
+    trainer: Any = MISSING
+    seed: int = 0
+    device: Device = Device.auto
+    run_dir: str = MISSING       # one directory per run, shared by all ranks
+    resume: str | None = None    # null, "latest" (newest checkpoint in run_dir/checkpoints) or a checkpoint path
+
+
+#: (group, name) -> schema, as stored in the ConfigStore under ``schema/<group>/<name>``.
+SCHEMAS: dict[tuple[str, str], type] = {
+    ("data", "data"): DataConfig,
+    ("model", "tutorial_cnn"): TutorialCNNConfig,
+    ("model", "resnet18"): ResNet18Config,
+    ("model", "fast"): FastConfig,
+    ("optim", "sgd"): SGDConfig,
+    ("optim", "adam"): AdamConfig,
+    ("optim", "adamw"): AdamWConfig,
+    ("sched", "cosine"): CosineConfig,
+    ("sched", "onecycle"): OneCycleConfig,
+    ("sched", "none"): NoSchedConfig,
+    ("strategy", "strategy"): StrategyConfig,
+    ("trainer", "trainer"): TrainerConfig,
+}
+
+
+def register_configs() -> None:
+    """Store every schema in Hydra's ConfigStore (``cifar10_schema`` and ``schema/<group>/<name>``)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="cifar10_schema", node=RecipeConfig)
+    for (group, name), schema in SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name=name, node=schema)

@@ -57,6 +57,37 @@ def _default_nprocs() -> int:
     return os.cpu_count() or 1
 
 
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _paddle_options(options: dict, nprocs: int) -> tuple[int, dict[str, str]]:
+    """Apply Paddle's ``backend``/``gpus``/``ips`` spawn options: the process count and extra variables."""
+    extra: dict[str, str] = {}
+    backend = options.get("backend")
+    if backend is not None:
+        from .collective import _resolve_backend
+
+        _resolve_backend(backend)  # unknown backend / NCCL without CUDA: fail before any process starts
+        extra["PADDLE_DISTRI_BACKEND"] = backend.lower()
+    ips = options.get("ips")
+    if ips is not None and any(ip.strip() not in _LOCAL_HOSTS for ip in str(ips).split(",") if ip.strip()):
+        raise ValueError(f"spawn(ips={ips!r}): spawn starts processes on this machine only; to run on several "
+                         "machines start the script on each with `fleetlite launch --nnodes N --rdzv_backend c10d "
+                         "--rdzv_endpoint HOST:PORT script.py`")
+    gpus = options.get("gpus")
+    if gpus is not None:
+        ids = [g.strip() for g in str(gpus).split(",") if g.strip()]
+        if not ids or not all(g.isdigit() for g in ids):
+            raise ValueError(f"spawn(gpus={gpus!r}) must be a comma-separated list of GPU indices, e.g. '0,1'")
+        if nprocs == -1:
+            nprocs = len(ids)
+        if nprocs > len(ids):
+            raise ValueError(f"spawn(nprocs={nprocs}, gpus={gpus!r}): more processes than selected GPUs; "
+                             "list one GPU per process or lower nprocs")
+        extra["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    return nprocs, extra
+
+
 def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = False, **options):
     """Run ``func(*args)`` in ``nprocs`` new processes with the distributed environment set.
 
@@ -67,9 +98,13 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
     Args:
         func: a module-level (picklable) function.
         args: positional arguments for ``func``.
-        nprocs: number of processes; -1 means one per visible GPU, else one per CPU core.
+        nprocs: number of processes; -1 means one per visible GPU (or per entry
+            of ``gpus``), else one per CPU core.
         join: wait for all processes; with ``False`` the process context is returned.
-        options: ``start_method`` (default ``"spawn"``), ``master_addr``, ``master_port``.
+        options: ``start_method`` (default ``"spawn"``), ``master_addr``, ``master_port``,
+            and Paddle's ``backend`` (what ``init_parallel_env()`` uses in the
+            children, via ``PADDLE_DISTRI_BACKEND``), ``gpus`` (e.g. ``"0,1"``: sets
+            ``CUDA_VISIBLE_DEVICES``) and ``ips`` (this machine only).
 
     Raises:
         SpawnError: when a worker raises or dies, naming its rank, with the
@@ -86,23 +121,29 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
     """
     if not callable(func):
         raise TypeError(f"spawn needs a callable, got {type(func).__name__}")
+    known = {"start_method", "master_addr", "master_port", "backend", "ips", "gpus"}
+    unknown = set(options) - known
+    if unknown:
+        raise TypeError(f"spawn got unknown options {sorted(unknown)}; known: {', '.join(sorted(known))}")
+    if not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
+        raise ValueError(f"nprocs={nprocs!r} must be a positive integer or -1 (one per GPU / CPU core)")
+    nprocs, extra = _paddle_options(options, nprocs)
     if nprocs == -1:
         nprocs = _default_nprocs()
-    if not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"nprocs={nprocs!r} must be a positive integer or -1 (one per GPU / CPU core)")
-    unknown = set(options) - {"start_method", "master_addr", "master_port", "backend", "ips", "gpus"}
-    if unknown:
-        raise TypeError(f"spawn got unknown options {sorted(unknown)}; "
-                        "known: start_method, master_addr, master_port")
     start_method = options.get("start_method", "spawn")
     addr = options.get("master_addr", "127.0.0.1")
     port = int(options.get("master_port") or find_free_port(addr))
-    envs = [worker_env(r, nprocs, addr, port) for r in range(nprocs)]
+    envs = [{**extra, **worker_env(r, nprocs, addr, port)} for r in range(nprocs)]
+    if "CUDA_VISIBLE_DEVICES" in extra:
+        for r, env in enumerate(envs):
+            env["FLAGS_selected_gpus"] = str(r)
     try:
         ctx = mp.start_processes(_entry, args=(func, tuple(args), envs), nprocs=nprocs, join=False,
                                  daemon=daemon, start_method=start_method)
-    except Exception as e:  # pragma: no cover - start failures are platform issues
-        raise SpawnError(f"could not start {nprocs} processes: {e}") from e
+    except Exception as e:
+        hint = ("; define the function at module level (not a lambda or a nested function) so the new "
+                "processes can import it") if "pickle" in str(e).lower() else ""
+        raise SpawnError(f"could not start {nprocs} processes: {type(e).__name__}: {e}{hint}") from e
     if not join:
         return ctx
     try:
@@ -110,7 +151,7 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
             pass
     except mp.ProcessRaisedException as e:
         raise SpawnError(f"rank {e.error_index} of {nprocs} raised an exception (the other ranks were "
-                         f"stopped):\n{e}", rank=e.error_index) from None
+                         f"stopped):\n{str(e).strip()}", rank=e.error_index) from None
     except mp.ProcessExitedException as e:
         raise SpawnError(f"rank {e.error_index} of {nprocs} exited with code {e.exit_code}"
                          f"{' (signal ' + e.signal_name + ')' if e.signal_name else ''}; "

@@ -24,6 +24,7 @@ Note [gradient buckets]
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -84,6 +85,12 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
             t.copy_(src)
 
 
+def _remove_hooks(handles: list) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()
+
+
 class ReplicaSet:
     """One replica of the module per device, kept identical to replica 0; see the notes above."""
 
@@ -101,6 +108,8 @@ class ReplicaSet:
         for k, ps in enumerate(self.params):
             for i, p in enumerate(ps):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._marker(self.used[k], i)))
+        # an executor dropped without drop_local_exe_scopes() must not leave hooks on the user's parameters
+        weakref.finalize(self, _remove_hooks, self._hooks)
 
     @staticmethod
     def _marker(flags: bytearray, i: int):
@@ -166,9 +175,7 @@ class ReplicaSet:
 
     def free(self) -> None:
         """Drop the copies, buffers and hooks (replica 0, the user's module, and its grads stay)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        _remove_hooks(self._hooks)
         self.replicas = self.replicas[:1]
         self._states = self._states[:1]
         self._modules = self._modules[:1]

@@ -230,8 +230,26 @@ def test_run_errors_name_the_problem():
         bad.run(["loss"], feed={"x": x})
     with pytest.raises(ValueError, match="scope"):
         ParallelExecutor(False, main_program=Program(Net()), scope=object())
-    with pytest.raises(RuntimeError, match="world size 1"):
-        ParallelExecutor(False, main_program=Program(Net()), num_trainers=2, trainer_id=0)
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="use_cuda=False"):
             ParallelExecutor(True, main_program=Program(Net()))
+
+
+def test_num_trainers_without_matching_processes_is_a_clear_error(clean_dist_env):
+    with pytest.raises(RuntimeError, match="world size 1.*fleetlite launch"):
+        ParallelExecutor(False, main_program=Program(Net()), num_trainers=2, trainer_id=0)
+    with pytest.raises(ValueError, match="trainer_id"):
+        ParallelExecutor(False, main_program=Program(Net()), num_trainers=2, trainer_id=2)
+
+
+def test_a_discarded_executor_leaves_no_hooks_on_the_module():
+    import gc
+
+    net = Net()
+    exe = ParallelExecutor(False, loss_name="loss", main_program=Program(net, _adam(net)))
+    x, y = _batch(4)
+    exe.run([], feed={"x": x, "y": y})
+    assert len(net.fc1.weight._post_accumulate_grad_hooks or {}) == 1
+    del exe
+    gc.collect()
+    assert not net.fc1.weight._post_accumulate_grad_hooks

@@ -1,0 +1,354 @@
+"""``DistributedStrategy``: Paddle's strategy object, validated on assignment.
+
+Every field has Paddle's name and default. Flags are plain attributes
+(``strategy.amp = True``); each ``*_configs`` attribute is a mapping whose
+assignment *merges* the given keys into the current values (Paddle's
+behaviour), and whose items can also be set one by one
+(``strategy.amp_configs["dtype"] = "bfloat16"``). A wrong name raises
+AttributeError/KeyError with the valid names and the closest match; a wrong
+type or value raises ValueError naming the field, at assignment time.
+
+Features that are named but not implemented here (dgc, localsgd, pipeline,
+tensor_parallel, mp/pp degrees above 1, sharding stages 2 and 3) can be set,
+so a Paddle script's strategy builds, but :meth:`DistributedStrategy.check_supported`
+(run by ``fleet.init`` and ``fleet.distributed_*``) refuses them with
+NotImplementedError instead of ignoring them.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
+
+__all__ = ["DistributedStrategy"]
+
+_Check = Callable[[str, Any], Any]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
+    return v
+
+
+def _positive(name: str, v: Any) -> int | float:
+    if not _is_number(v) or v <= 0:
+        raise ValueError(f"{name} must be a positive number, got {v!r}")
+    return v
+
+
+def _int_at_least(low: int) -> _Check:
+    def check(name: str, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        return v
+
+    return check
+
+
+def _degree(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
+        raise ValueError(f"{name} must be -1 (fill the remaining ranks) or an integer >= 1, got {v!r}")
+    return v
+
+
+def _ratio_above_one(name: str, v: Any) -> float:
+    if not _is_number(v) or v <= 1:
+        raise ValueError(f"{name} must be a number > 1 (the scale grows by this factor), got {v!r}")
+    return float(v)
+
+
+def _ratio_below_one(name: str, v: Any) -> float:
+    if not _is_number(v) or not 0 < v < 1:
+        raise ValueError(f"{name} must be a number in (0, 1) (the scale shrinks by this factor), got {v!r}")
+    return float(v)
+
+
+def _choice(*options: Any) -> _Check:
+    def check(name: str, v: Any) -> Any:
+        if isinstance(v, bool) or v not in options:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {v!r}")
+        return v
+
+    return check
+
+
+def _names(name: str, v: Any) -> list[str]:
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(isinstance(s, str) for s in v):
+        raise ValueError(f"{name} must be a list of submodule names (strings, e.g. ['layer1', 'layer2']), "
+                         f"got {v!r}")
+    return list(v)
+
+
+def _fractions(name: str, v: Any) -> list[float]:
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(
+            _is_number(s) and 0 <= s < 1 for s in v):
+        raise ValueError(f"{name} must be a list of numbers in [0, 1), got {v!r}")
+    return [float(s) for s in v]
+
+
+# name -> (default, check). Order is the order of to_dict() and repr().
+_FLAGS: dict[str, tuple[Any, _Check]] = {
+    "find_unused_parameters": (False, _bool),
+    "fuse_all_reduce_ops": (True, _bool),
+    "fuse_grad_size_in_MB": (32, _positive),
+    "last_comm_group_size_MB": (1, _positive),
+    "amp": (False, _bool),
+    "recompute": (False, _bool),
+    "gradient_merge": (False, _bool),
+    "sync_batch_norm": (False, _bool),
+    "fp16_allreduce": (False, _bool),
+    "sharding": (False, _bool),
+    "dgc": (False, _bool),
+    "localsgd": (False, _bool),
+    "pipeline": (False, _bool),
+    "tensor_parallel": (False, _bool),
+}
+
+_CONFIGS: dict[str, dict[str, tuple[Any, _Check]]] = {
+    "amp_configs": {
+        "init_loss_scaling": (32768.0, _positive),
+        "incr_every_n_steps": (1000, _int_at_least(1)),
+        "decr_every_n_nan_or_inf": (2, _int_at_least(1)),
+        "incr_ratio": (2.0, _ratio_above_one),
+        "decr_ratio": (0.8, _ratio_below_one),
+        "use_dynamic_loss_scaling": (True, _bool),
+        "use_pure_fp16": (False, _bool),
+        "dtype": ("float16", _choice("float16", "bfloat16")),
+    },
+    "recompute_configs": {"checkpoints": ([], _names)},
+    "gradient_merge_configs": {"k_steps": (1, _int_at_least(1)), "avg": (True, _bool)},
+    "fp16_allreduce_configs": {"dtype": ("float16", _choice("float16", "bfloat16"))},
+    "sharding_configs": {"stage": (1, _choice(1, 2, 3))},
+    "hybrid_configs": {
+        "dp_degree": (-1, _degree),
+        "mp_degree": (1, _int_at_least(1)),
+        "pp_degree": (1, _int_at_least(1)),
+        "sharding_degree": (1, _int_at_least(1)),
+    },
+    "dgc_configs": {
+        "rampup_begin_step": (0, _int_at_least(0)),
+        "rampup_step": (1, _int_at_least(1)),
+        "sparsity": ([0.999], _fractions),
+    },
+    "localsgd_configs": {"k_steps": (1, _int_at_least(1)), "begin_step": (1, _int_at_least(1))},
+}
+
+_UNSUPPORTED = {
+    "dgc": "deep gradient compression",
+    "localsgd": "local SGD",
+    "pipeline": "pipeline parallelism",
+    "tensor_parallel": "tensor (model) parallelism",
+}
+
+
+def _suggest(name: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{hint} Valid names: {', '.join(valid)}."
+
+
+class _ConfigView(MutableMapping):
+    """A live view of one ``*_configs`` section: item assignment is validated and written through."""
+
+    def __init__(self, owner: DistributedStrategy, section: str):
+        self._owner = owner
+        self._section = section
+
+    @property
+    def _data(self) -> dict[str, Any]:
+        return self._owner._values[self._section]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._data:
+            raise KeyError(f"{self._section} has no key {key!r}.{_suggest(str(key), list(self._data))}")
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._owner._set_config(self._section, {key: value})
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(f"{self._section} keys cannot be deleted; assign the default "
+                        f"({_CONFIGS[self._section].get(key, (None,))[0]!r}) to reset {key!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+
+class DistributedStrategy:
+    """Paddle's ``fleet.DistributedStrategy``: which distributed features to use, and how.
+
+    Example::
+
+        from fleetlite.distributed import fleet
+        strategy = fleet.DistributedStrategy()
+        strategy.amp = True
+        strategy.amp_configs = {"dtype": "bfloat16"}
+        strategy.gradient_merge = True
+        strategy.gradient_merge_configs = {"k_steps": 4}
+        print(strategy)   # DistributedStrategy(amp=True, amp_configs={'dtype': 'bfloat16'}, ...)
+        same = fleet.DistributedStrategy.from_dict(strategy.to_dict())
+        assert same == strategy
+    """
+
+    def __init__(self, **fields: Any) -> None:
+        object.__setattr__(self, "_values", {})
+        for name, (default, _) in _FLAGS.items():
+            self._values[name] = copy.deepcopy(default)
+        for section, spec in _CONFIGS.items():
+            self._values[section] = {k: copy.deepcopy(d) for k, (d, _) in spec.items()}
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    # --- attribute access --------------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        values = self.__dict__.get("_values", {})
+        if name in _CONFIGS:
+            return _ConfigView(self, name)
+        if name in values:
+            return values[name]
+        raise AttributeError(f"DistributedStrategy has no attribute {name!r}.{_suggest(name, self.field_names())}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FLAGS:
+            self._values[name] = _FLAGS[name][1](name, value)
+        elif name in _CONFIGS:
+            if not isinstance(value, Mapping):
+                example = dict(list(self._values[name].items())[:1])
+                raise ValueError(f"{name} must be a dict of settings (e.g. {example}), got {value!r}")
+            self._set_config(name, value)
+        else:
+            raise AttributeError(f"DistributedStrategy has no attribute {name!r}."
+                                 f"{_suggest(name, self.field_names())}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"DistributedStrategy fields cannot be deleted; assign the default to reset {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.field_names()))
+
+    def _set_config(self, section: str, updates: Mapping[str, Any]) -> None:
+        spec = _CONFIGS[section]
+        checked = {}
+        for key, value in updates.items():  # validate everything before changing anything
+            if key not in spec:
+                raise KeyError(f"{section} has no key {key!r}.{_suggest(str(key), list(spec))}")
+            checked[key] = spec[key][1](f"{section}[{key!r}]", value)
+        self._values[section].update(checked)
+
+    # --- conversion ----------------------------------------------------------------------------------------
+    @staticmethod
+    def field_names() -> list[str]:
+        """All attribute names, flags then ``*_configs`` sections."""
+        return list(_FLAGS) + list(_CONFIGS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain python values (configs as nested dicts)."""
+        return copy.deepcopy(self._values)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> DistributedStrategy:
+        """Build a strategy from a (possibly partial, possibly OmegaConf) mapping; missing fields keep defaults."""
+        if data is None:
+            return cls()
+        if isinstance(data, DistributedStrategy):
+            return copy.deepcopy(data)
+        if not isinstance(data, Mapping):
+            raise ValueError(f"DistributedStrategy.from_dict needs a mapping of field names to values, got "
+                             f"{type(data).__name__}")
+        strategy = cls()
+        for name, value in data.items():
+            setattr(strategy, str(name), value)
+        return strategy
+
+    def diff(self) -> dict[str, Any]:
+        """The fields (and config keys) that differ from the defaults."""
+        out: dict[str, Any] = {}
+        for name, (default, _) in _FLAGS.items():
+            if self._values[name] != default:
+                out[name] = self._values[name]
+        for section, spec in _CONFIGS.items():
+            changed = {k: v for k, v in self._values[section].items() if v != spec[k][0]}
+            if changed:
+                out[section] = changed
+        return out
+
+    def __repr__(self) -> str:
+        return f"DistributedStrategy({', '.join(f'{k}={v!r}' for k, v in self.diff().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DistributedStrategy):
+            return NotImplemented
+        return self._values == other._values
+
+    __hash__ = None  # mutable
+
+    def __deepcopy__(self, memo: dict) -> DistributedStrategy:
+        new = DistributedStrategy()
+        object.__setattr__(new, "_values", copy.deepcopy(self._values, memo))
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_values": self._values}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "_values", state["_values"])
+
+    # --- what this implementation runs ----------------------------------------------------------------------
+    @property
+    def sharding_enabled(self) -> bool:
+        """True when optimizer-state sharding is asked for.
+
+        That is ``sharding`` or ``hybrid_configs['sharding_degree'] > 1``.
+        """
+        return self._values["sharding"] or self._values["hybrid_configs"]["sharding_degree"] > 1
+
+    def check_supported(self, world_size: int) -> None:
+        """Raise NotImplementedError for a feature this implementation does not run, ValueError for degrees
+        that do not fit ``world_size``. Called by ``fleet.init`` and ``fleet.distributed_*``."""
+        for name, what in _UNSUPPORTED.items():
+            if self._values[name]:
+                raise NotImplementedError(
+                    f"strategy.{name} = True ({what}) is not implemented by fleetlite; set strategy.{name} = False. "
+                    "fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
+                    "fp16_allreduce and sharding stage 1.")
+        hybrid = self._values["hybrid_configs"]
+        for key in ("mp_degree", "pp_degree"):
+            if hybrid[key] > 1:
+                raise NotImplementedError(
+                    f"hybrid_configs['{key}'] = {hybrid[key]}: model/pipeline parallelism is not implemented by "
+                    f"fleetlite; set it to 1 (data parallelism, optionally with sharding stage 1).")
+        stage = self._values["sharding_configs"]["stage"]
+        if self.sharding_enabled and stage != 1:
+            raise NotImplementedError(
+                f"sharding_configs['stage'] = {stage}: only stage 1 (optimizer state sharding, "
+                "torch's ZeroRedundancyOptimizer) is implemented; set sharding_configs = {'stage': 1}.")
+        sd, dp = hybrid["sharding_degree"], hybrid["dp_degree"]
+        if sd > 1 and sd != world_size:
+            raise NotImplementedError(
+                f"hybrid_configs['sharding_degree'] = {sd} with {world_size} ranks: sharding over a subset of the "
+                f"ranks is not implemented; use sharding_degree = 1 or {world_size} (all ranks).")
+        expected_dp = world_size // sd if sd > 1 else world_size
+        if dp != -1 and dp != expected_dp:
+            raise ValueError(
+                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (sharding_degree {sd}): "
+                f"it must be {expected_dp} or -1 (computed).")
+        if self._values["amp"] and self._values["amp_configs"]["use_pure_fp16"]:
+            raise NotImplementedError(
+                "amp_configs['use_pure_fp16'] = True (Paddle's O2: parameters kept in half precision with fp32 "
+                "master weights) is not implemented; set it to False to train with torch.autocast (O1).")

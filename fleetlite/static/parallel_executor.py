@@ -256,6 +256,10 @@ class ParallelExecutor:
         one dict per device. Each fetched name comes back concatenated along
         dimension 0 across devices (a scalar: one value per device), as numpy
         arrays (``return_numpy=True``) or tensors on the first device.
+        The gradient is the mean of the devices' loss gradients
+        (``CoeffNumDevice``): for a mean loss that is the whole-batch gradient
+        when every device gets the same number of samples; with an uneven
+        split it weights the devices equally (as Paddle does).
         """
         if feed is not None and feed_dict is not None:
             raise ValueError("pass the batch as feed= or as feed_dict= (its old name), not both")

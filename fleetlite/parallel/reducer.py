@@ -63,6 +63,7 @@ class Reducer:
             self._register_hooks()
         self._expect_hooks = False
         self._queued = False
+        self._inv_world = 1.0 / world_size
 
     # ------------------------------------------------------------------ setup
     def _allocate(self) -> None:
@@ -109,6 +110,8 @@ class Reducer:
         self._works: list = []
         self._missing: list[int] = []
         self._was_none = [False] * n
+        self._prescaled = [False] * n
+        self._n_prescaled = [0] * len(self.buckets)
         self._expect_hooks = True
         self._queued = False
         if self.find_unused:
@@ -120,8 +123,12 @@ class Reducer:
                     self._ready[i] = True
                     self._pending[self.param_bucket[i]] -= 1
 
-    def _take_grad(self, i: int) -> None:
-        """Make ``param.grad`` the bucket view again; see Note [grad views]."""
+    def _take_grad(self, i: int, scale: bool = False) -> None:
+        """Make ``param.grad`` the bucket view again; see Note [grad views].
+
+        With ``scale`` the copy also applies ``1/world`` (one pass, as torch DDP's
+        ``mul_out``) and the slot is marked so that ``_launch`` does not scale it again.
+        """
         p, view = self.params[i], self.views[i]
         g = p.grad
         if g is view:
@@ -129,6 +136,10 @@ class Reducer:
         if g is None:
             view.zero_()
             self._was_none[i] = True
+        elif scale:
+            torch.mul(g, self._inv_world, out=view)
+            self._prescaled[i] = True
+            self._n_prescaled[self.param_bucket[i]] += 1
         else:
             view.copy_(g)
         p.grad = view
@@ -141,7 +152,7 @@ class Reducer:
             )
         self._ready[i] = True
         if self.params[i].grad is not self.views[i]:
-            self._take_grad(i)
+            self._take_grad(i, scale=True)
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
@@ -159,7 +170,14 @@ class Reducer:
 
     def _launch(self, b: Bucket) -> None:
         buf = b.buffer
-        buf.mul_(1.0 / self.world)  # Note [divide before sum]
+        # Note [divide before sum]: slots copied in by the hook were scaled on the way in
+        done = self._n_prescaled[b.index]
+        if done == 0:
+            buf.mul_(self._inv_world)
+        elif done < len(b.param_indices):
+            for i in b.param_indices:
+                if not self._prescaled[i]:
+                    self.views[i].mul_(self._inv_world)
         if b.index == len(self.buckets) - 1:  # Note [bucket tail]
             tail = self.tail
             tail[0] = float(len(self._missing))

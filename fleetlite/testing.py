@@ -158,12 +158,18 @@ def _decode(payload: bytes):
 
 
 def run_launch(args: list[str], timeout: float = 180.0, env: dict[str, str] | None = None,
-               cwd: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m fleetlite.cli launch *args`` with a timeout; kills the whole process group on expiry."""
+               cwd: str | None = None, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m fleetlite.cli launch *args`` with a timeout; kills the whole process group on expiry.
+
+    ``launcher`` replaces the command standing for ``fleetlite launch`` (e.g.
+    ``["fleetlite", "launch"]`` for the console script, or
+    ``[sys.executable, "-m", "fleetlite.distributed.launch"]``).
+    """
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "fleetlite.cli", "launch", *args]
+    prefix = list(launcher) if launcher else [sys.executable, "-m", "fleetlite.cli", "launch"]
+    cmd = [*prefix, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             cwd=cwd, start_new_session=True)
     try:
@@ -171,6 +177,6 @@ def run_launch(args: list[str], timeout: float = 180.0, env: dict[str, str] | No
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise TimeoutError(f"`fleetlite launch {' '.join(args)}` did not finish within {timeout:.0f} s\n"
+        raise TimeoutError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f} s\n"
                            f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

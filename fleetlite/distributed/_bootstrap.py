@@ -2,34 +2,101 @@
 
 torchrun starts ``python _bootstrap.py --script SCRIPT ARGS...`` (or ``--module MOD``);
 this sets ``PADDLE_TRAINER_ID`` & co. from torchrun's variables and runs the
-target as ``__main__`` exactly as ``python SCRIPT ARGS...`` would.
+target as ``__main__`` exactly as ``python SCRIPT ARGS...`` would. An
+exception in the script is recorded in torchelastic's error file, so the
+launcher's failure summary shows the worker's traceback.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import runpy
+import socket
 import sys
+from collections.abc import MutableMapping
+
+#: Seconds the workers of a multi-node job wait for each other's endpoints before going on without them.
+ENDPOINT_EXCHANGE_TIMEOUT_S = 120.0
 
 
-def export_paddle_env(env=os.environ) -> None:
-    """Mirror torchrun's rank variables into Paddle's launch variables."""
-    rank = env.get("RANK", "0")
+def _endpoint_host(master_addr: str, master_port: int) -> str:
+    """The address of this machine on the route to the master (what the other nodes can reach)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, master_port))  # UDP: no packet is sent, only a route is chosen
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def _exchange_endpoints(env: MutableMapping[str, str], rank: int, world: int, mine: str) -> list[str] | None:
+    """Every rank's endpoint, gathered through torchelastic's agent store (multi-node jobs).
+
+    Returns ``None`` when the store cannot be used; the endpoints are
+    informational, so the job goes on without them rather than failing here.
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None  # the store is created by the workers themselves: nothing to talk to yet
+    import torch.distributed as tdist
+
+    timeout = datetime.timedelta(seconds=ENDPOINT_EXCHANGE_TIMEOUT_S)
+    try:
+        store = tdist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+        prefix = f"fleetlite/endpoints/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        store.set(f"{prefix}{rank}", mine)
+        keys = [f"{prefix}{r}" for r in range(world)]
+        store.wait(keys, timeout)
+        return [store.get(k).decode() for k in keys]
+    except Exception as e:  # noqa: BLE001 - informational variables must not kill the job
+        print(f"fleetlite launch: could not exchange PADDLE_TRAINER_ENDPOINTS between nodes ({e}); "
+              "the variable is left unset", file=sys.stderr)
+        return None
+
+
+def export_paddle_env(env: MutableMapping[str, str] | None = None) -> None:
+    """Mirror torchrun's rank variables into Paddle's launch variables.
+
+    The launcher is authoritative: values left over in the user's shell are
+    overwritten. Endpoints are ``HOST:MASTER_PORT+1+RANK`` (the ports are
+    informational, as in Paddle's listing); on several nodes they are gathered
+    from every node through torchelastic's store.
+    """
+    env = os.environ if env is None else env
+    rank = int(env.get("RANK", "0"))
     world = int(env.get("WORLD_SIZE", "1"))
     local_rank = int(env.get("LOCAL_RANK", "0"))
     local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
     addr = env.get("MASTER_ADDR", "127.0.0.1")
     port = int(env.get("MASTER_PORT", "6170"))
-    env.setdefault("PADDLE_TRAINER_ID", rank)
-    env.setdefault("PADDLE_TRAINERS_NUM", str(world))
-    # Ranks on other nodes are not known to this worker before the group forms; on a single
-    # node every endpoint is local and listed (ports are informational, as in Paddle's listing).
-    if local_world == world:
+    env["PADDLE_TRAINER_ID"] = str(rank)
+    env["PADDLE_TRAINERS_NUM"] = str(world)
+    if local_world == world:  # one node: every endpoint is known
         eps = [f"{addr}:{port + 1 + i}" for i in range(world)]
-        env.setdefault("PADDLE_TRAINER_ENDPOINTS", ",".join(eps))
-        env.setdefault("PADDLE_CURRENT_ENDPOINT", eps[int(rank)])
+    else:
+        eps = _exchange_endpoints(env, rank, world, f"{_endpoint_host(addr, port)}:{port + 1 + rank}")
+    if eps:
+        env["PADDLE_TRAINER_ENDPOINTS"] = ",".join(eps)
+        env["PADDLE_CURRENT_ENDPOINT"] = eps[rank]
+    else:
+        env.pop("PADDLE_TRAINER_ENDPOINTS", None)
+        env.pop("PADDLE_CURRENT_ENDPOINT", None)
     if "CUDA_VISIBLE_DEVICES" in env or local_world > 1:
-        env.setdefault("FLAGS_selected_gpus", str(local_rank))
+        env["FLAGS_selected_gpus"] = str(local_rank)
+
+
+def _record(e: BaseException) -> None:
+    """Write ``e`` to torchelastic's error file so the launcher's summary shows the traceback."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(e)
+    except Exception:  # noqa: BLE001 - the original exception matters more
+        pass
 
 
 def main() -> None:
@@ -37,13 +104,16 @@ def main() -> None:
         raise SystemExit("usage: _bootstrap.py --script SCRIPT [ARGS] | --module MODULE [ARGS]")
     mode, target, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     export_paddle_env()
-    if mode == "--module":
-        sys.argv = [target, *rest]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [target, *rest]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+    sys.argv = [target, *rest]
+    try:
+        if mode == "--module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except Exception as e:
+        _record(e)
+        raise
 
 
 if __name__ == "__main__":

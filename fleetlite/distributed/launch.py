@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import MutableMapping
 
-__all__ = ["main", "split_paddle_options"]
+__all__ = ["main", "split_paddle_options", "resolve_argv"]
 
 _PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
 
@@ -32,19 +33,22 @@ def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
 
     Only options before the training script are looked at (the script's own
     arguments are never touched). Returns the remaining argv and the GPU list.
+
+    >>> split_paddle_options(["--gpus", "0,1", "train.py", "--gpus", "7"])
+    (['train.py', '--gpus', '7'], '0,1')
     """
     out: list[str] = []
     gpus = None
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if not tok.startswith("-") or tok in ("-m", "--module", "--no-python", "--no_python"):
-            out.extend(argv[i:])  # the script (or -m/--no-python and their target) and its arguments
+        if tok == "--" or not tok.startswith("-"):
+            out.extend(argv[i:])  # the script (or module / command) and its arguments
             return out, gpus
         name, eq, value = tok.partition("=")
         if name in _PADDLE_GPU_OPTS:
             if not eq:
-                if i + 1 >= len(argv):
+                if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
                     raise SystemExit(f"fleetlite launch: {name} needs a value, e.g. {name} 0,1")
                 value = argv[i + 1]
                 i += 1
@@ -53,7 +57,7 @@ def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
             continue
         out.append(tok)
         # torchrun options that take a separate value: keep the value with the option
-        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-") and _takes_value(name):
+        if not eq and i + 1 < len(argv) and _takes_value(name):
             out.append(argv[i + 1])
             i += 1
         i += 1
@@ -61,13 +65,52 @@ def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
 
 
 def _takes_value(option: str) -> bool:
+    """Whether torchrun's ``option`` (or an abbreviation argparse accepts) is followed by a value."""
     from torch.distributed import run as trun
 
     parser = trun.get_args_parser()
-    for action in parser._actions:  # argparse has no public lookup by option string
-        if option in action.option_strings:
-            return action.nargs != 0
-    return True
+    actions = parser._actions  # argparse has no public lookup by option string
+    exact = [a for a in actions if option in a.option_strings]
+    matches = exact or [a for a in actions if any(o.startswith(option) for o in a.option_strings)]
+    if not matches:
+        return True  # unknown: torchrun will reject it with its own message
+    return any(a.nargs != 0 for a in matches)
+
+
+def resolve_argv(argv: list[str], environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """torchrun's argv for ``fleetlite launch`` ``argv``, with Paddle's GPU options applied.
+
+    ``--gpus 0,1`` (or ``--selected_gpus``) sets ``CUDA_VISIBLE_DEVICES`` in
+    ``environ`` (default ``os.environ``) and, unless ``--nproc_per_node`` is
+    given, one process per listed GPU.
+
+    >>> resolve_argv(["--gpus", "0,1", "train.py"], environ={})
+    ['--nproc_per_node', '2', 'train.py']
+    """
+    environ = os.environ if environ is None else environ
+    argv, gpus = split_paddle_options(list(argv))
+    if gpus is None:
+        return argv
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids):
+        raise SystemExit(f"fleetlite launch: --gpus {gpus!r} must be a comma-separated list of GPU "
+                         "indices, e.g. --gpus 0,1")
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    launcher_part, _ = _launcher_options(argv)
+    if not any(a.split("=")[0] in ("--nproc_per_node", "--nproc-per-node") for a in launcher_part):
+        argv = ["--nproc_per_node", str(len(ids)), *argv]
+    return argv
+
+
+def _launcher_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split argv into torchrun's options and the script with its arguments."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--" or not tok.startswith("-"):
+            break
+        i += 2 if "=" not in tok and i + 1 < len(argv) and _takes_value(tok) else 1
+    return argv[:i], argv[i:]
 
 
 def _bootstrap_path() -> str:
@@ -77,26 +120,17 @@ def _bootstrap_path() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse torchrun's arguments, add the bootstrap, and run the workers."""
+    """Parse torchrun's arguments, add the bootstrap, and run the workers; returns the exit status."""
     from torch.distributed import run as trun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    argv, gpus = split_paddle_options(argv)
-    if gpus is not None:
-        ids = [g.strip() for g in gpus.split(",") if g.strip()]
-        if not ids or not all(g.isdigit() for g in ids):
-            raise SystemExit(f"fleetlite launch: --gpus {gpus!r} must be a comma-separated list of GPU "
-                             "indices, e.g. --gpus 0,1")
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-        if not any(a.split("=")[0] in ("--nproc_per_node", "--nproc-per-node") for a in argv):
-            argv = ["--nproc_per_node", str(len(ids)), *argv]
+    argv = resolve_argv(list(sys.argv[1:] if argv is None else argv))
     args = trun.parse_args(argv)
     if not args.training_script:
         raise SystemExit("fleetlite launch: no training script given; usage: fleetlite launch "
                          "[torchrun options] script.py [script args]")
+    target = args.training_script
     if not args.no_python:
-        target = args.training_script
         if not args.module and not os.path.exists(target):
             raise SystemExit(f"fleetlite launch: training script {target!r} does not exist "
                              f"(looked in {os.getcwd()})")
@@ -107,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trun.run(args)
     except ChildFailedError as e:
-        print(f"fleetlite launch: a worker failed:\n{e.format_msg()}", file=sys.stderr)
+        # the workers run through the bootstrap: name the user's script in the summary
+        msg = e.format_msg().replace(f"{_bootstrap_path()} FAILED", f"{target} FAILED")
+        print(f"fleetlite launch: a worker failed:\n{msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

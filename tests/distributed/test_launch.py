@@ -1,0 +1,157 @@
+"""`fleetlite launch`: argv handling (no GPU needed) and real launches, one node and two simulated nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fleetlite.distributed import _bootstrap
+from fleetlite.distributed.launch import main, resolve_argv, split_paddle_options
+from fleetlite.testing import free_port, run_launch
+
+# A worker that all-reduces its rank and writes what it saw to OUT_DIR/rank<R>.json.
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import fleetlite.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_parallel_env()
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    pe = dist.ParallelEnv()
+    seen = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "argv": sys.argv[2:],
+            "main": __name__, "endpoints": pe.trainer_endpoints, "current": pe.current_endpoint,
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("PADDLE_", "FLAGS_", "LOCAL_"))}}
+    with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(seen, f)
+    dist.destroy_process_group()
+""")
+
+FAILING = textwrap.dedent("""
+    import torch
+    import fleetlite.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_parallel_env()
+    if dist.get_rank() == 1:
+        raise RuntimeError("worker one is broken on purpose")
+    dist.barrier()  # rank 0 waits for a peer that is gone: the launcher must stop it
+""")
+
+
+def _script(tmp_path, text, name="worker.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return str(path), str(out)
+
+
+def _records(out_dir, world):
+    return [json.loads(open(os.path.join(out_dir, f"rank{r}.json")).read()) for r in range(world)]
+
+
+# ---- argv handling ------------------------------------------------------------------------------------------------
+
+def test_paddle_gpus_option_is_split_from_the_launcher_part_only():
+    assert split_paddle_options(["--gpus", "0,1", "train.py", "--gpus", "7"]) == (["train.py", "--gpus", "7"], "0,1")
+    assert split_paddle_options(["--selected_gpus=2", "--nnodes", "1", "t.py"]) == (["--nnodes", "1", "t.py"], "2")
+    # flags take no value, so the script after them is not mistaken for one (abbreviations included)
+    assert split_paddle_options(["--standalone", "t.py", "--gpus", "1"]) == (["--standalone", "t.py", "--gpus", "1"],
+                                                                             None)
+    assert split_paddle_options(["--stand", "t.py", "--gpus", "1"]) == (["--stand", "t.py", "--gpus", "1"], None)
+    assert split_paddle_options(["-m", "--gpus", "3", "pkg.train"]) == (["-m", "pkg.train"], "3")
+    for argv in (["--gpus"], ["--gpus", "--nnodes", "1", "t.py"]):
+        with pytest.raises(SystemExit, match="--gpus needs a value"):
+            split_paddle_options(argv)
+
+
+def test_paddle_gpus_option_sets_visible_devices_and_process_count():
+    env = {}
+    assert resolve_argv(["--gpus", "2,3", "t.py", "--lr", "1"], env) == ["--nproc_per_node", "2", "t.py", "--lr", "1"]
+    assert env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    env = {}  # an explicit process count wins; a --nproc_per_node of the script is not the launcher's
+    assert resolve_argv(["--nproc-per-node=1", "--gpus=0,1", "t.py"], env) == ["--nproc-per-node=1", "t.py"]
+    assert resolve_argv(["--gpus", "0", "t.py", "--nproc_per_node", "4"], env)[:2] == ["--nproc_per_node", "1"]
+    env = {}
+    assert resolve_argv(["--nproc_per_node", "2", "t.py"], env) == ["--nproc_per_node", "2", "t.py"] and env == {}
+    with pytest.raises(SystemExit, match="comma-separated list of GPU indices"):
+        resolve_argv(["--gpus", "gpu0", "t.py"], {})
+
+
+def test_launch_without_a_usable_script_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--nproc_per_node", "2", str(tmp_path / "missing.py")])
+
+
+def test_bootstrap_exports_paddle_variables_and_overwrites_stale_ones():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
+           "MASTER_PORT": "500", "PADDLE_TRAINER_ID": "0", "FLAGS_selected_gpus": "5"}  # stale shell values
+    _bootstrap.export_paddle_env(env)
+    assert env["PADDLE_TRAINER_ID"] == "1" and env["PADDLE_TRAINERS_NUM"] == "2"
+    assert env["PADDLE_TRAINER_ENDPOINTS"] == "h:501,h:502" and env["PADDLE_CURRENT_ENDPOINT"] == "h:502"
+    assert env["FLAGS_selected_gpus"] == "1"
+    # several nodes without torchelastic's store: endpoints are unknown, stale ones are dropped
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
+           "MASTER_PORT": "500", "PADDLE_TRAINER_ENDPOINTS": "a:1", "PADDLE_CURRENT_ENDPOINT": "a:1"}
+    _bootstrap.export_paddle_env(env)
+    assert env["PADDLE_TRAINER_ID"] == "3" and "PADDLE_TRAINER_ENDPOINTS" not in env
+    assert "PADDLE_CURRENT_ENDPOINT" not in env
+
+
+# ---- real launches ------------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+def test_console_script_launches_two_workers_with_both_conventions(tmp_path):
+    exe = shutil.which("fleetlite", path=os.path.dirname(sys.executable))
+    assert exe, "the `fleetlite` console script is missing: install the package (pip install -e .)"
+    script, out = _script(tmp_path, WORKER)
+    res = run_launch(["--nproc_per_node", "2", script, out, "--lr", "0.1"], timeout=80, launcher=[exe, "launch"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank, r in enumerate(_records(out, 2)):
+        assert (r["rank"], r["world"], r["sum"]) == (rank, 2, 3.0)
+        assert r["argv"] == ["--lr", "0.1"] and r["main"] == "__main__"
+        env = r["env"]
+        assert (env["PADDLE_TRAINER_ID"], env["PADDLE_TRAINERS_NUM"]) == (str(rank), "2")
+        assert (env["LOCAL_RANK"], env["FLAGS_selected_gpus"]) == (str(rank), str(rank))
+        eps = env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+        assert len(set(eps)) == 2 and env["PADDLE_CURRENT_ENDPOINT"] == eps[rank]
+        assert r["endpoints"] == eps and r["current"] == eps[rank]  # ParallelEnv agrees with the variables
+
+
+@pytest.mark.timeout(90)
+def test_failing_worker_gives_a_nonzero_exit_naming_the_script_and_error(tmp_path):
+    script, _ = _script(tmp_path, FAILING, name="broken.py")
+    res = run_launch(["--nproc_per_node", "2", script], timeout=80,
+                     launcher=[sys.executable, "-m", "fleetlite.distributed.launch"])
+    assert res.returncode != 0
+    assert f"{script} FAILED" in res.stderr
+    assert "RuntimeError: worker one is broken on purpose" in res.stderr
+    assert "rank      : 1" in res.stderr.split("Root Cause")[-1]  # torchrun's summary blames rank 1
+
+
+@pytest.mark.timeout(120)
+def test_two_nodes_simulated_on_this_machine_form_one_world(tmp_path):
+    script, out = _script(tmp_path, WORKER)
+    args = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", "fleetlite-test", script, out]
+    with ThreadPoolExecutor(2) as pool:
+        node_runs = list(pool.map(lambda _: run_launch(args, timeout=100), range(2)))
+    for res in node_runs:
+        assert res.returncode == 0, res.stderr[-3000:]
+    records = _records(out, 2)
+    eps = records[0]["env"]["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert len(set(eps)) == 2  # gathered from both nodes
+    for rank, r in enumerate(records):
+        assert (r["rank"], r["world"], r["sum"]) == (rank, 2, 3.0)
+        assert (r["env"]["LOCAL_RANK"], r["env"]["LOCAL_WORLD_SIZE"]) == ("0", "1")  # one process per node
+        assert r["env"]["PADDLE_TRAINER_ID"] == str(rank) and r["env"]["PADDLE_TRAINERS_NUM"] == "2"
+        assert r["env"]["PADDLE_TRAINER_ENDPOINTS"].split(",") == eps
+        assert r["env"]["PADDLE_CURRENT_ENDPOINT"] == eps[rank] and r["current"] == eps[rank]

@@ -117,7 +117,8 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
             try:
                 rank, status, value = results.get(timeout=min(left, 1.0))
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
+                # a rank that exited without reporting (killed, or os._exit) never will
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in got]
                 if dead:
                     # a rank died without reporting (killed): let the others report for a moment
                     time.sleep(0.5)
@@ -128,7 +129,8 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
                         except queue.Empty:
                             break
                     for r in dead:
-                        got.setdefault(r, ("error", f"process exited with code {procs[r].exitcode}"))
+                        got.setdefault(r, ("error", f"process exited with code {procs[r].exitcode} without "
+                                                    "returning a result"))
                     if not expect_failure:
                         break
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 #: Variables through which a launcher tells a process its place in the job.
@@ -14,7 +16,14 @@ LAUNCHER_VARS = (
 
 @pytest.fixture
 def clean_dist_env(monkeypatch):
-    """Run the test as a plain single process: no launcher variable is set (restored afterwards)."""
+    """Run the test as a plain single process: no launcher variable is set.
+
+    The whole environment is restored afterwards, including variables the code
+    under test sets itself (``init_parallel_env``, the launch bootstrap).
+    """
+    saved = dict(os.environ)
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)

@@ -107,6 +107,7 @@ def main() -> None:
     sys.argv = [target, *rest]
     try:
         if mode == "--module":
+            sys.path[0] = os.getcwd()  # as `python -m`: modules are found from the working directory
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))

@@ -106,6 +106,36 @@ def test_bootstrap_exports_paddle_variables_and_overwrites_stale_ones():
     assert "PADDLE_CURRENT_ENDPOINT" not in env
 
 
+def _run_bootstrap(monkeypatch, *argv):
+    monkeypatch.setattr(sys, "argv", ["_bootstrap.py", *argv])
+    monkeypatch.setattr(sys, "path", [os.path.dirname(_bootstrap.__file__), *sys.path[1:]])
+    _bootstrap.main()
+
+
+def test_bootstrap_runs_scripts_and_modules_as_python_would(tmp_path, clean_dist_env):
+    clean_dist_env.chdir(tmp_path)
+    probe = "import json, sys\njson.dump([__name__, sys.argv, sys.path[0]], open(sys.argv[1], 'w'))\n"
+    (tmp_path / "probe_script.py").write_text(probe)
+    (tmp_path / "probe_mod.py").write_text(probe)
+    _run_bootstrap(clean_dist_env, "--script", str(tmp_path / "probe_script.py"), "s.json", "--x", "1")
+    assert json.loads((tmp_path / "s.json").read_text()) == [
+        "__main__", [str(tmp_path / "probe_script.py"), "s.json", "--x", "1"], str(tmp_path)]
+    _run_bootstrap(clean_dist_env, "--module", "probe_mod", "m.json")
+    name, argv, path0 = json.loads((tmp_path / "m.json").read_text())
+    assert (name, argv[1:], path0) == ("__main__", ["m.json"], str(tmp_path))  # found from the cwd, as -m
+    assert os.environ["PADDLE_TRAINER_ID"] == "0" and os.environ["PADDLE_TRAINERS_NUM"] == "1"
+
+
+def test_bootstrap_records_a_failing_script_for_the_launchers_summary(tmp_path, clean_dist_env):
+    error_file = tmp_path / "error.json"
+    clean_dist_env.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    (tmp_path / "bad.py").write_text("raise KeyError('no such column')\n")
+    with pytest.raises(KeyError):
+        _run_bootstrap(clean_dist_env, "--script", str(tmp_path / "bad.py"))
+    message = json.loads(error_file.read_text())["message"]
+    assert "KeyError" in json.dumps(message) and "no such column" in json.dumps(message)
+
+
 # ---- real launches ------------------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(90)

@@ -31,7 +31,13 @@ __all__ = ["run_ranks", "run_launch", "RankFailure", "free_port"]
 
 
 class RankFailure(AssertionError):
-    """A rank raised; the message holds its rank and traceback."""
+    """A rank raised; the message holds its rank and traceback.
+
+    Example::
+
+        with pytest.raises(RankFailure, match="rank 1 failed"):
+            run_ranks(fails_on_rank_one)
+    """
 
     def __init__(self, message: str, rank: int):
         super().__init__(message)

@@ -12,7 +12,15 @@ __all__ = ["spawn", "SpawnError", "find_free_port"]
 
 
 class SpawnError(RuntimeError):
-    """A spawned worker failed; ``rank`` names it and the message carries its traceback."""
+    """A spawned worker failed; ``rank`` names it and the message carries its traceback.
+
+    Example::
+
+        try:
+            dist.spawn(train, nprocs=2)
+        except SpawnError as e:
+            print("rank", e.rank, "failed:", e)
+    """
 
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)

@@ -275,3 +275,12 @@ def test_collective_timeout_turns_a_missing_peer_into_an_error(tmp_path):
     assert "FLEETLITE_COLLECTIVE_TIMEOUT" in message
     # it waited for the configured timeout (not an instant failure), and not for the 600 s default
     assert 0.8 * timeout_s <= survivor["elapsed"] < 45
+
+
+def test_docstring_examples_run(clean_dist_env):
+    import doctest
+
+    from fleetlite.distributed import env
+
+    result = doctest.testmod(env)
+    assert result.attempted >= 4 and result.failed == 0

@@ -185,3 +185,12 @@ def test_two_nodes_simulated_on_this_machine_form_one_world(tmp_path):
         assert r["env"]["PADDLE_TRAINER_ID"] == str(rank) and r["env"]["PADDLE_TRAINERS_NUM"] == "2"
         assert r["env"]["PADDLE_TRAINER_ENDPOINTS"].split(",") == eps
         assert r["env"]["PADDLE_CURRENT_ENDPOINT"] == eps[rank] and r["current"] == eps[rank]
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from fleetlite.distributed import launch
+
+    result = doctest.testmod(launch)
+    assert result.attempted >= 2 and result.failed == 0

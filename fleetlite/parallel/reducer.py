@@ -32,6 +32,8 @@ from .buckets import Bucket, plan_buckets
 
 __all__ = ["Reducer"]
 
+_FUSED_SCALE_NUMEL = 1 << 18
+
 _RECOMPUTE_HINT = (
     "This happens when a PyLayer / reentrant checkpoint calls backward inside backward, or when backward runs "
     "twice for one forward. Run such steps under `model.no_sync()` and call "
@@ -64,6 +66,8 @@ class Reducer:
         self._expect_hooks = False
         self._queued = False
         self._inv_world = 1.0 / world_size
+        # per-call overhead dominates below this size: copy, then scale the whole bucket at once
+        self._big = [p.numel() >= _FUSED_SCALE_NUMEL for p in self.params]
 
     # ------------------------------------------------------------------ setup
     def _allocate(self) -> None:
@@ -126,8 +130,9 @@ class Reducer:
     def _take_grad(self, i: int, scale: bool = False) -> None:
         """Make ``param.grad`` the bucket view again; see Note [grad views].
 
-        With ``scale`` the copy also applies ``1/world`` (one pass, as torch DDP's
-        ``mul_out``) and the slot is marked so that ``_launch`` does not scale it again.
+        With ``scale``, a large gradient is copied and scaled by ``1/world`` in one pass
+        (as torch DDP's ``mul_out``) and its slot is marked so that ``_launch`` does not
+        scale it again; small ones are copied (a cheaper call) and scaled with the bucket.
         """
         p, view = self.params[i], self.views[i]
         g = p.grad
@@ -136,7 +141,7 @@ class Reducer:
         if g is None:
             view.zero_()
             self._was_none[i] = True
-        elif scale:
+        elif scale and self._big[i]:
             torch.mul(g, self._inv_world, out=view)
             self._prescaled[i] = True
             self._n_prescaled[self.param_bucket[i]] += 1

@@ -27,6 +27,7 @@ WORKER = textwrap.dedent("""
     dist.all_reduce(t)
     pe = dist.ParallelEnv()
     seen = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "argv": sys.argv[2:],
+            "backend": torch.distributed.get_backend(), "cuda": torch.cuda.is_available(),
             "main": __name__, "endpoints": pe.trainer_endpoints, "current": pe.current_endpoint,
             "env": {k: v for k, v in os.environ.items() if k.startswith(("PADDLE_", "FLAGS_", "LOCAL_"))}}
     with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
@@ -148,6 +149,7 @@ def test_console_script_launches_two_workers_with_both_conventions(tmp_path):
     for rank, r in enumerate(_records(out, 2)):
         assert (r["rank"], r["world"], r["sum"]) == (rank, 2, 3.0)
         assert r["argv"] == ["--lr", "0.1"] and r["main"] == "__main__"
+        assert r["backend"] == ("nccl" if r["cuda"] else "gloo")  # init_parallel_env() picks by itself
         env = r["env"]
         assert (env["PADDLE_TRAINER_ID"], env["PADDLE_TRAINERS_NUM"]) == (str(rank), "2")
         assert (env["LOCAL_RANK"], env["FLAGS_selected_gpus"]) == (str(rank), str(rank))

@@ -100,3 +100,14 @@ def test_paddle_spawn_options_map_to_variables():
     assert _paddle_options({}, 4) == (4, {})
     with pytest.raises(ValueError, match="comma-separated list of GPU indices"):
         _paddle_options({"gpus": "gpu0"}, -1)
+
+
+def test_default_process_count_is_one_per_gpu_else_one_per_core(monkeypatch):
+    from fleetlite.distributed import spawn as spawn_mod
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert spawn_mod._default_nprocs() == 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert spawn_mod._default_nprocs() == 8

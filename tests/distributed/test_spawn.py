@@ -103,8 +103,9 @@ def test_paddle_spawn_options_map_to_variables():
 
 
 def test_default_process_count_is_one_per_gpu_else_one_per_core(monkeypatch):
-    from fleetlite.distributed import spawn as spawn_mod
+    import importlib
 
+    spawn_mod = importlib.import_module("fleetlite.distributed.spawn")  # the package's `spawn` is the function
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert spawn_mod._default_nprocs() == 3

@@ -1,0 +1,312 @@
+"""Checkpoint files: atomic writes, safe loads, integrity checks, newest-valid lookup, RNG states.
+
+Usable on its own (recipes, fault tolerance) as well as by the Trainer.
+
+Format: one ``torch.save`` zip file holding a dict with ``"format":
+"fleetlite.checkpoint"``, ``"version"`` and the caller's entries. Only tensors
+and plain Python values are allowed (checked before anything is written), so
+the file loads with ``torch.load(weights_only=True)`` and loading never needs
+arbitrary unpickling; a file that does is refused.
+
+# Note [atomic checkpoint]
+A checkpoint is written to a hidden temporary file in the target directory,
+flushed and fsynced, then ``os.replace``d onto its name, and the directory is
+fsynced. A crash at any point leaves either the old file or the new one,
+never a torn file; aliases such as ``latest.pt`` are hard links (a copy where
+links are unsupported) swapped in the same way. Lookups ignore temporary
+files.
+
+# Note [checkpoint integrity]
+torch's zip reader does not verify CRCs, so a flipped byte inside a tensor
+loads silently. ``load_checkpoint`` first checks every zip record's CRC32
+(``zipfile.testzip``), so corruption anywhere in the file is reported.
+
+Example::
+
+    from fleetlite.trainer.checkpoint import save_checkpoint, load_checkpoint, find_latest_checkpoint
+    save_checkpoint({"model": net.state_dict(), "global_step": 10}, "ckpt/step-00000010.pt", latest=True)
+    state = load_checkpoint(find_latest_checkpoint("ckpt"))
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import random
+import re
+import shutil
+import uuid
+import warnings
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "FORMAT",
+    "VERSION",
+    "LATEST",
+    "save_checkpoint",
+    "load_checkpoint",
+    "check_plain",
+    "find_latest_checkpoint",
+    "list_checkpoints",
+    "atomic_alias",
+    "capture_rng_state",
+    "restore_rng_state",
+]
+
+FORMAT = "fleetlite.checkpoint"
+VERSION = 1
+LATEST = "latest.pt"
+_TMP_RE = re.compile(r"^\..*\.tmp-[0-9a-f]+$")
+_LEAVES = (torch.Tensor, bool, int, float, complex, str, bytes, bytearray, type(None), torch.Size, torch.dtype,
+           torch.device)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, unreadable, corrupted, unsafe or incompatible; ``path`` names it."""
+
+    def __init__(self, path: str | os.PathLike | None, problem: str):
+        self.path = None if path is None else str(path)
+        self.problem = problem
+        super().__init__(f"checkpoint {self.path}: {problem}" if path is not None else problem)
+
+
+# -- writing -------------------------------------------------------------------
+def check_plain(obj: Any, where: str = "state") -> None:
+    """Raise ``TypeError`` naming the first entry that ``torch.load(weights_only=True)`` could not read back."""
+    stack = [(obj, where)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, _LEAVES):
+            continue
+        if isinstance(value, (dict, collections.OrderedDict)):
+            for k, v in value.items():
+                if not isinstance(k, (str, int, float, bool, type(None))):
+                    raise TypeError(f"{path} has a key of type {type(k).__name__} ({k!r}); checkpoint keys must "
+                                    "be str/int/float/bool/None")
+                stack.append((v, f"{path}[{k!r}]"))
+        elif isinstance(value, (list, tuple, set, frozenset)) and type(value) in (list, tuple, set, frozenset):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        else:
+            raise TypeError(
+                f"{path} is a {type(value).__module__}.{type(value).__qualname__}; a checkpoint holds only tensors "
+                "and plain Python values (dict/list/tuple/str/int/float/bool/None) so that it loads with "
+                "torch.load(weights_only=True). Convert it (e.g. return plain values from state_dict()).")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: bool = False) -> Path:
+    """Write ``state`` atomically to ``path`` (see Note [atomic checkpoint]); returns the path.
+
+    ``state`` may hold tensors and plain Python values;
+    the ``format``/``version`` markers are added. With ``latest=True``,
+    ``latest.pt`` in the same directory is pointed at the new file.
+    Raises ``TypeError`` before writing anything when a value is not plain,
+    and ``CheckpointError`` when the write fails (the previous file stays).
+    """
+    path = Path(path)
+    if not isinstance(state, dict):
+        raise TypeError(f"save_checkpoint expects a dict, got {type(state).__name__}")
+    payload = {"format": FORMAT, "version": VERSION, **state}
+    check_plain(payload)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(path, f"cannot create the directory {path.parent}: {e.strerror or e}; "
+                                    "choose a writable save_dir") from e
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise CheckpointError(path, f"writing failed ({e.strerror or e}); the previous checkpoint, if any, is "
+                                        "unchanged. Free disk space or choose a writable save_dir") from e
+        raise
+    if latest:
+        atomic_alias(path, path.parent / LATEST)
+    return path
+
+
+def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Make ``dst`` a hard link to (or, failing that, a copy of) ``src``, atomically replacing ``dst``."""
+    src, dst = Path(src), Path(dst)
+    tmp = _tmp_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    return dst
+
+
+# -- reading -------------------------------------------------------------------
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verify: bool = True,
+                    require: Iterable[str] = ()) -> dict[str, Any]:
+    """Load a checkpoint safely (``weights_only=True``) and check it.
+
+    Args:
+        path: the file.
+        map_location: as for ``torch.load`` (default CPU).
+        verify: check every zip record's CRC first (Note [checkpoint integrity]).
+        require: top-level entries that must be present.
+
+    Raises:
+        CheckpointError: naming the file and the problem: missing, truncated or
+            corrupted, needing arbitrary unpickling (refused, nothing runs),
+            not a fleetlite checkpoint, from a newer format version, or
+            lacking a required entry.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "no such file; check the path (or resume=None to start fresh)")
+    if path.is_dir():
+        raise CheckpointError(path, "is a directory; pass a checkpoint file, or use find_latest_checkpoint(dir)")
+    if verify and zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+            raise CheckpointError(path, f"truncated or corrupted ({e}); use an older checkpoint") from e
+        if bad is not None:
+            raise CheckpointError(path, f"corrupted: record {bad!r} fails its CRC check (the file was damaged "
+                                        "after it was written); use an older checkpoint")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(path, "refused: loading it needs arbitrary unpickling (it holds Python objects other "
+                                    "than tensors and plain values, which could run code), so it was not loaded. "
+                                    "If you trust its origin, load it yourself with torch.load(path, "
+                                    f"weights_only=False). Detail: {str(e).splitlines()[0]}") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
+        size = path.stat().st_size
+        raise CheckpointError(path, f"unreadable ({size} bytes): truncated or corrupted "
+                                    f"({str(e).splitlines()[0]}); use an older checkpoint") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        kind = type(state).__name__ if not isinstance(state, dict) else "a dict without the fleetlite format marker"
+        raise CheckpointError(path, f"not a fleetlite checkpoint (found {kind}); write one with save_checkpoint "
+                                    "or Trainer.save")
+    if not isinstance(state.get("version"), int) or state["version"] > VERSION:
+        raise CheckpointError(path, f"format version {state.get('version')!r} is newer than this fleetlite "
+                                    f"understands ({VERSION}); upgrade fleetlite")
+    missing = [k for k in require if k not in state]
+    if missing:
+        raise CheckpointError(path, f"incompatible: lacks {missing}; it was not written by Trainer checkpointing")
+    return state
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Checkpoint files in ``directory`` (not ``latest.pt``, not temporary files), newest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    files = [p for p in directory.iterdir()
+             if p.is_file() and p.suffix == ".pt" and p.name != LATEST and not _TMP_RE.match(p.name)]
+
+    def key(p: Path):
+        try:
+            return (p.stat().st_mtime_ns, p.name)
+        except OSError:
+            return (0, p.name)
+
+    return sorted(files, key=key, reverse=True)
+
+
+def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
+                           warn: bool = True) -> Path | None:
+    """The newest valid checkpoint in ``directory``: ``latest.pt`` when valid, else the newest valid file.
+
+    Falls back with a warning naming each skipped file and why; ``None`` when
+    the directory holds no valid checkpoint.
+    """
+    directory = Path(directory)
+    candidates = ([directory / LATEST] if (directory / LATEST).exists() else []) + list_checkpoints(directory)
+    problems = []
+    for p in candidates:
+        try:
+            load_checkpoint(p, require=require)
+        except CheckpointError as e:
+            problems.append(f"{p.name}: {e.problem}")
+            continue
+        if problems and warn:
+            warnings.warn(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
+                          f"falling back to {p.name}", stacklevel=2)
+        return p
+    if problems and warn:
+        warnings.warn(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})", stacklevel=2)
+    return None
+
+
+# -- RNG states ------------------------------------------------------------------
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU and CUDA, python ``random``, numpy) as checkpoint-safe values."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore states captured by :func:`capture_rng_state`."""
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            warnings.warn(f"fleetlite: the checkpoint holds CUDA RNG states for {len(cuda)} devices but "
+                          f"{torch.cuda.device_count()} are visible; CUDA RNG states not restored", stacklevel=2)

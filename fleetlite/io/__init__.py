@@ -31,12 +31,19 @@ from torch.utils.data import (
     random_split,
 )
 
+from .evaluation import drop_padding, find_batch_sampler, global_sum, trim_batch
+from .loader import TensorLoader
 from .sampler import DistributedBatchSampler
 
 SequenceSampler = SequentialSampler  # Paddle's name
 
 __all__ = [
     "DistributedBatchSampler",
+    "TensorLoader",
+    "drop_padding",
+    "global_sum",
+    "find_batch_sampler",
+    "trim_batch",
     "DataLoader",
     "Dataset",
     "IterableDataset",

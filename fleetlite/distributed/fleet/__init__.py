@@ -1,0 +1,74 @@
+"""``fleet``: Paddle's collective training facade on PyTorch.
+
+Example::
+
+    import torch
+    from fleetlite.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.amp = True
+    strategy.amp_configs = {"dtype": "bfloat16"}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(torch.nn.Linear(8, 2))
+    opt = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3))
+    loss = model(torch.randn(4, 8)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.clear_grad()
+    print(fleet.worker_index(), fleet.worker_num())
+
+``fleet.amp`` holds the mixed-precision helper (:class:`~.amp.AmpHelper`,
+:func:`~.amp.from_strategy`, :class:`~.amp.DistGradScaler`) that the Trainer reuses.
+"""
+
+from . import amp
+from .amp import AmpHelper, DistGradScaler
+from .checkpointing import recompute
+from .fleet import (
+    PaddleCloudRoleMaker,
+    barrier_worker,
+    distributed_model,
+    distributed_optimizer,
+    distributed_scaler,
+    get_strategy,
+    init,
+    is_first_worker,
+    is_initialized,
+    local_rank,
+    worker_endpoints,
+    worker_index,
+    worker_num,
+)
+from .optimizer import DistributedOptimizer
+from .strategy import DistributedStrategy
+
+__all__ = [
+    "init",
+    "distributed_model",
+    "distributed_optimizer",
+    "distributed_scaler",
+    "get_strategy",
+    "is_initialized",
+    "worker_index",
+    "worker_num",
+    "is_first_worker",
+    "barrier_worker",
+    "local_rank",
+    "worker_endpoints",
+    "DistributedStrategy",
+    "DistributedOptimizer",
+    "PaddleCloudRoleMaker",
+    "AmpHelper",
+    "DistGradScaler",
+    "amp",
+    "recompute",
+    "utils",
+]
+
+
+def __getattr__(name):
+    if name == "utils":  # fused_allreduce_gradients and friends; loaded on use
+        import importlib
+
+        return importlib.import_module(f"{__name__}.utils")
+    raise AttributeError(f"module 'fleetlite.distributed.fleet' has no attribute {name!r}")

@@ -1,0 +1,273 @@
+"""Mixed precision for the fleet facade (and the Trainer): autocast + a rank-consistent loss scaler.
+
+:class:`AmpHelper` is configured from ``strategy.amp`` / ``strategy.amp_configs``
+and gives the three things a training step needs: ``autocast()``, loss
+scaling (``scale`` / ``backward``) and a guarded ``step(optimizer)`` that
+unscales, skips on inf/nan and updates the scale. ``float16`` uses
+:class:`DistGradScaler`; ``bfloat16`` needs no scaler (the helper's scaler is
+disabled and ``step`` just steps).
+
+Note [amp skip consistency]
+    A rank that sees inf/nan must not step alone: parameters would diverge
+    across ranks. With the data-parallel engine the all-reduce already
+    spreads an inf to every rank before unscaling (also after gradient
+    merge, whose last micro-batch reduces the accumulated sum), but
+    :class:`DistGradScaler` does not rely on that: after unscaling it
+    all-reduces (MAX) the found-inf flag, so every rank takes the same
+    skip decision and applies the same scale update, with or without the
+    engine (``no_sync`` + hand reduction, sharded optimizers, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch.amp.grad_scaler import OptState
+
+__all__ = ["DistGradScaler", "AmpHelper", "from_strategy", "DTYPES"]
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _world_group_size(group) -> int:
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return 1
+    return tdist.get_world_size(group)
+
+
+class DistGradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` whose skip decision and scale update agree on every rank, with Paddle's rules.
+
+    Differences from torch's scaler (both follow Paddle's ``update_loss_scaling``):
+    the scale backs off only after ``decr_every_n_nan_or_inf`` consecutive
+    inf/nan steps (and never below 1), and ``use_dynamic_loss_scaling=False``
+    keeps a static scale (inf/nan steps are still skipped). See Note [amp skip consistency].
+
+    Example::
+
+        scaler = DistGradScaler("cpu", init_scale=1024.0)
+        loss = model(x).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)      # skipped on every rank if any rank found inf/nan
+        scaler.update()
+    """
+
+    def __init__(self, device: str = "cuda", init_scale: float = 32768.0, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.8, growth_interval: int = 1000, enabled: bool = True,
+                 decr_every_n_nan_or_inf: int = 2, dynamic: bool = True, group=None) -> None:
+        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                         growth_interval=growth_interval, enabled=enabled)
+        if isinstance(decr_every_n_nan_or_inf, bool) or not isinstance(decr_every_n_nan_or_inf, int) \
+                or decr_every_n_nan_or_inf < 1:
+            raise ValueError(f"decr_every_n_nan_or_inf must be an integer >= 1, got {decr_every_n_nan_or_inf!r}")
+        self._decr_every = decr_every_n_nan_or_inf
+        self._dynamic = bool(dynamic)
+        self._group = group
+        self._incr_count = 0
+        self._decr_count = 0
+        self.last_found_inf = False
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        super().unscale_(optimizer)
+        if not self._enabled:
+            return
+        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        if _world_group_size(self._group) > 1:
+            # exactly one collective per unscale on every rank, whatever devices hold the gradients
+            backend = tdist.get_backend(self._group)
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+            flag = torch.zeros(1, device=device)
+            for t in found.values():
+                flag += t.to(device)
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self._group)
+            for t in found.values():
+                t.copy_(flag.to(t.device).reshape(t.shape))
+        self.last_found_inf = bool(sum(float(t.item()) for t in found.values()) > 0)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            super().update(new_scale)
+            return
+        found = [t for state in self._per_optimizer_states.values()
+                 for t in state.get("found_inf_per_device", {}).values()]
+        if not found:
+            super().update()  # raises torch's "No inf checks were recorded prior to update."
+            return
+        inf = any(float(t.item()) > 0 for t in found)
+        scale = self.get_scale()
+        if self._dynamic:
+            if inf:
+                self._incr_count = 0
+                self._decr_count += 1
+                if self._decr_count >= self._decr_every:
+                    scale = max(scale * self._backoff_factor, 1.0)
+                    self._decr_count = 0
+            else:
+                self._decr_count = 0
+                self._incr_count += 1
+                if self._incr_count >= self._growth_interval:
+                    grown = scale * self._growth_factor
+                    scale = grown if grown < float("inf") else scale
+                    self._incr_count = 0
+        super().update(float(scale))
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self._enabled:
+            state.update(incr_count=self._incr_count, decr_count=self._decr_count)
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        state = dict(state_dict)
+        self._incr_count = int(state.pop("incr_count", 0))
+        self._decr_count = int(state.pop("decr_count", 0))
+        super().load_state_dict(state)
+
+
+class AmpHelper:
+    """Autocast context + loss scaler for one training loop, built from the fleet strategy.
+
+    ``enabled=False`` makes every method a pass-through, so a loop can always
+    go through the helper. The Trainer and ``fleet.distributed_optimizer`` use it.
+
+    Example::
+
+        from fleetlite.distributed import fleet
+        strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "bfloat16"})
+        amp = fleet.amp.from_strategy(strategy, device="cpu")
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        stepped = amp.step(optimizer)    # False when the step was skipped (inf/nan), on every rank
+        optimizer.zero_grad()
+    """
+
+    def __init__(self, enabled: bool = False, dtype: str | torch.dtype = "float16",
+                 device: str | torch.device = "cpu", scaler: DistGradScaler | None = None) -> None:
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"amp dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+            dtype = DTYPES[dtype]
+        if dtype not in DTYPES.values():
+            raise ValueError(f"amp dtype {dtype} is not supported; use torch.float16 or torch.bfloat16")
+        self.enabled = bool(enabled)
+        self.dtype = dtype
+        self.device_type = torch.device(device).type
+        if scaler is None:
+            use_scaler = self.enabled and dtype == torch.float16
+            scaler = DistGradScaler(self.device_type, enabled=use_scaler)
+        self.scaler = scaler
+        self._scaled = False
+
+    @classmethod
+    def from_strategy(cls, strategy=None, device: str | torch.device | None = None, group=None) -> AmpHelper:
+        """Map ``strategy.amp``/``amp_configs`` to autocast and a :class:`DistGradScaler` on ``device``
+        (default: this rank's device)."""
+        from .strategy import DistributedStrategy
+
+        strategy = strategy if strategy is not None else DistributedStrategy()
+        if device is None:
+            from ..env import ParallelEnv
+
+            device = ParallelEnv().device
+        cfg = strategy.amp_configs
+        enabled = bool(strategy.amp)
+        use_scaler = enabled and cfg["dtype"] == "float16"
+        scaler = DistGradScaler(torch.device(device).type, init_scale=float(cfg["init_loss_scaling"]),
+                                growth_factor=cfg["incr_ratio"], backoff_factor=cfg["decr_ratio"],
+                                growth_interval=cfg["incr_every_n_steps"], enabled=use_scaler,
+                                decr_every_n_nan_or_inf=cfg["decr_every_n_nan_or_inf"],
+                                dynamic=cfg["use_dynamic_loss_scaling"], group=group)
+        return cls(enabled, cfg["dtype"], device, scaler)
+
+    @property
+    def uses_scaler(self) -> bool:
+        """True when losses must be scaled (float16 amp)."""
+        return self.scaler.is_enabled()
+
+    def autocast(self):
+        """``torch.autocast`` for this device and dtype (a no-op context when amp is off)."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss multiplied by the current loss scale (unchanged without a scaler)."""
+        self._scaled = True
+        return self.scaler.scale(loss)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``scale(loss).backward(**kwargs)``."""
+        self.scale(loss).backward(**kwargs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the scale now (e.g. before clipping); ``step`` then skips unscaling."""
+        self._check_scaled()
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_divisor: float = 1.0) -> bool:
+        """Unscale, skip on inf/nan (consistently across ranks), step, update the scale.
+
+        ``grad_divisor`` divides the gradients before the step (gradient merge
+        averaging). Returns True when the optimizer stepped.
+        """
+        if not self.uses_scaler:
+            _divide_grads(optimizer, grad_divisor)
+            optimizer.step()
+            self._scaled = False
+            return True
+        self._check_scaled()
+        state = self.scaler._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.READY:
+            self.scaler.unscale_(optimizer)
+        _divide_grads(optimizer, grad_divisor)
+        skipped = self.scaler.last_found_inf
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        self._scaled = False
+        return not skipped
+
+    def _check_scaled(self) -> None:
+        if self.uses_scaler and not self._scaled:
+            raise RuntimeError(
+                "amp with dtype 'float16' needs the loss scaled before backward, but the gradients were made "
+                "without it (a plain loss.backward()). Use optimizer.minimize(loss), optimizer.backward(loss) or "
+                "amp.backward(loss) instead of loss.backward() (or use amp_configs dtype 'bfloat16', which needs "
+                "no scaling).")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+    def __repr__(self) -> str:
+        dtype = str(self.dtype).replace("torch.", "")
+        scale = f", scale={self.scaler.get_scale()}" if self.uses_scaler else ""
+        return f"AmpHelper(enabled={self.enabled}, dtype={dtype}, device_type={self.device_type}{scale})"
+
+
+def _divide_grads(optimizer: torch.optim.Optimizer, divisor: float) -> None:
+    if divisor == 1:
+        return
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(divisor)
+
+
+def from_strategy(strategy=None, device: str | torch.device | None = None, group=None) -> AmpHelper:
+    """:meth:`AmpHelper.from_strategy`; with ``strategy=None`` the one kept by ``fleet.init`` is used."""
+    if strategy is None:
+        from . import fleet as _fleet
+
+        strategy = _fleet.get_strategy()
+    return AmpHelper.from_strategy(strategy, device, group)

@@ -1,0 +1,317 @@
+"""The fleet facade: ``init``, ``distributed_model``, ``distributed_optimizer`` and the worker queries.
+
+One module-level state holds what ``init`` resolved (the strategy) and the
+models and optimizers built from it, so gradient merge can switch the
+models' gradient sync whichever of ``distributed_model`` /
+``distributed_optimizer`` is called first.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .. import collective
+from ..env import ParallelEnv, read_env
+from .amp import DTYPES, AmpHelper, DistGradScaler
+from .optimizer import DistributedOptimizer
+from .strategy import DistributedStrategy
+
+__all__ = [
+    "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "is_initialized",
+    "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank", "worker_endpoints",
+    "PaddleCloudRoleMaker",
+]
+
+logger = logging.getLogger("fleetlite.fleet")
+
+# buffer size used when strategy.fuse_all_reduce_ops is False: every gradient gets a bucket (all-reduce) of its own
+_UNFUSED_MB = 1e-9
+# strategy fields applied to the model by distributed_model (a later strategy cannot change an already wrapped model)
+_MODEL_FIELDS = ("find_unused_parameters", "fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB",
+                 "amp", "amp_configs", "recompute", "recompute_configs", "sync_batch_norm", "fp16_allreduce",
+                 "fp16_allreduce_configs")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.strategy: DistributedStrategy | None = None
+        self.role_maker: PaddleCloudRoleMaker | None = None
+        self.models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[DistributedOptimizer] = weakref.WeakSet()
+
+
+_state = _State()
+
+
+class PaddleCloudRoleMaker:
+    """Paddle's role maker for collective jobs: rank and world size from the launcher's variables.
+
+    Example::
+
+        from fleetlite.distributed import fleet
+        fleet.init(fleet.PaddleCloudRoleMaker(is_collective=True))
+    """
+
+    def __init__(self, is_collective: bool = True, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"PaddleCloudRoleMaker got unsupported arguments {sorted(kwargs)}; only "
+                            "is_collective is used (ranks come from the launcher)")
+        self.is_collective = bool(is_collective)
+
+    def worker_index(self) -> int:
+        return collective.get_rank()
+
+    def worker_num(self) -> int:
+        return collective.get_world_size() if collective.is_initialized() else read_env().world_size
+
+    def is_first_worker(self) -> bool:
+        return self.worker_index() == 0
+
+    def __repr__(self) -> str:
+        return f"PaddleCloudRoleMaker(is_collective={self.is_collective})"
+
+
+def _as_strategy(strategy: Any) -> DistributedStrategy:
+    if strategy is None:
+        return DistributedStrategy()
+    if isinstance(strategy, DistributedStrategy):
+        return copy.deepcopy(strategy)
+    if isinstance(strategy, Mapping):
+        return DistributedStrategy.from_dict(strategy)
+    raise TypeError(f"strategy must be a fleet.DistributedStrategy (or a dict of its fields), got "
+                    f"{type(strategy).__name__}")
+
+
+def _world_size() -> int:
+    return collective.get_world_size() if collective.is_initialized() else read_env().world_size
+
+
+def _set_log_level(level: str | int) -> None:
+    if isinstance(level, str):
+        value = logging.getLevelName(level.upper())
+        if not isinstance(value, int):
+            raise ValueError(f"log_level {level!r} is not a logging level; use DEBUG, INFO, WARNING or ERROR")
+        level = value
+    elif isinstance(level, bool) or not isinstance(level, int):
+        raise ValueError(f"log_level must be a level name (e.g. 'INFO') or number, got {level!r}")
+    logging.getLogger("fleetlite").setLevel(level)
+
+
+def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = True,
+         strategy: DistributedStrategy | Mapping[str, Any] | None = None, log_level: str | int = "INFO") -> None:
+    """Initialise collective training: the process group (``init_parallel_env``) and the strategy.
+
+    The strategy is copied (later changes to the object have no effect; pass
+    it again to ``init`` or ``distributed_optimizer``). A second call keeps
+    the process group and replaces the strategy.
+    """
+    if role_maker is not None:
+        if not isinstance(role_maker, PaddleCloudRoleMaker):
+            raise TypeError(f"role_maker must be a fleet.PaddleCloudRoleMaker, got {type(role_maker).__name__}")
+        is_collective = role_maker.is_collective
+    if not is_collective:
+        raise NotImplementedError(
+            "fleet.init(is_collective=False) asks for parameter-server training, which fleetlite does not "
+            "implement; use fleet.init(is_collective=True) for collective (data-parallel) training")
+    resolved = _as_strategy(strategy)
+    _set_log_level(log_level)
+    resolved.check_supported(_world_size())  # before any process group exists
+    collective.init_parallel_env()
+    _state.strategy = resolved
+    _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
+    if worker_index() == 0:
+        logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
+
+
+def is_initialized() -> bool:
+    """True after :func:`init`."""
+    return _state.strategy is not None
+
+
+def _require_init(what: str) -> DistributedStrategy:
+    if _state.strategy is None:
+        raise RuntimeError(f"fleet.{what} was called before fleet.init(); call "
+                           "fleet.init(is_collective=True, strategy=...) first")
+    return _state.strategy
+
+
+def get_strategy() -> DistributedStrategy:
+    """A copy of the strategy kept by :func:`init` (the defaults before ``init``)."""
+    return copy.deepcopy(_state.strategy) if _state.strategy is not None else DistributedStrategy()
+
+
+def _first_device(module: nn.Module) -> torch.device:
+    for p in module.parameters():
+        return p.device
+    return ParallelEnv().device
+
+
+def _to_float32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() and value.dtype != torch.float32 else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_float32(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_float32(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _to_float32(v)) for k, v in value.items())
+    return value
+
+
+class _AutocastForward:
+    """A module's forward under ``torch.autocast``, floating outputs returned in float32 (strategy.amp)."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        self.original = module.forward
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.original(*args, **kwargs)
+        return _to_float32(out)
+
+
+def distributed_model(model: nn.Module) -> nn.Module:
+    """Apply the model-side strategies and wrap ``model`` in :class:`fleetlite.DataParallel`.
+
+    In order: ``sync_batch_norm`` (BatchNorm layers become
+    :class:`fleetlite.nn.SyncBatchNorm`), ``recompute`` (named submodules),
+    ``amp`` (forward under autocast, outputs in float32), then DataParallel
+    with ``fuse_grad_size_in_MB`` / ``last_comm_group_size_MB`` as bucket
+    sizes, ``find_unused_parameters`` and, with ``fp16_allreduce``, the
+    buckets all-reduced in float16/bfloat16.
+    """
+    strategy = _require_init("distributed_model")
+    strategy.check_supported(_world_size())
+    from ...parallel import DataParallel
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"distributed_model needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel)):
+        raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
+                         "fleet.distributed_model")
+    if strategy.recompute:  # validate the names before changing anything
+        from .checkpointing import resolve_checkpoints
+
+        resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
+    if strategy.sync_batch_norm:
+        from ...nn import SyncBatchNorm
+
+        model = SyncBatchNorm.convert_sync_batchnorm(model)
+    if strategy.recompute:
+        from .checkpointing import apply_recompute
+
+        apply_recompute(model, strategy.recompute_configs["checkpoints"])
+    if strategy.amp:
+        model.forward = _AutocastForward(model, _first_device(model).type, DTYPES[strategy.amp_configs["dtype"]])
+    fused = strategy.fuse_all_reduce_ops
+    dp = DataParallel(
+        model,
+        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+        find_unused_parameters=strategy.find_unused_parameters,
+        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None,
+    )
+    _state.models.add(dp)
+    params = {id(p) for p in dp.parameters()}
+    for opt in list(_state.optimizers):
+        if any(id(p) in params for g in opt.param_groups for p in g["params"]):
+            opt.attach_model(dp)
+    return dp
+
+
+def distributed_optimizer(optimizer: torch.optim.Optimizer,
+                          strategy: DistributedStrategy | Mapping[str, Any] | None = None) -> DistributedOptimizer:
+    """Wrap ``optimizer`` with the optimizer-side strategies (gradient merge, sharding stage 1, amp).
+
+    A ``strategy`` given here replaces the one from :func:`init` (with a warning, as in Paddle).
+    """
+    current = _require_init("distributed_optimizer")
+    if strategy is not None:
+        new = _as_strategy(strategy)
+        msg = ("a strategy passed to fleet.distributed_optimizer overrides the one given to fleet.init; "
+               "prefer passing it to fleet.init")
+        changed = [f for f in _MODEL_FIELDS if getattr(new, f) != getattr(current, f)]
+        if len(_state.models) and changed:
+            msg += (f". It changes model-side fields {changed} that distributed_model already applied with the old "
+                    "strategy: wrap the model again (or pass the strategy to fleet.init) for them to take effect")
+        warnings.warn(msg, stacklevel=2)
+        _state.strategy = current = new
+    current.check_supported(_world_size())
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"distributed_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    device = params[0].device if params else ParallelEnv().device
+    amp = AmpHelper.from_strategy(current, device)
+    dist_opt = DistributedOptimizer(optimizer, current, amp=amp)
+    ids = {id(p) for p in params}
+    for model in list(_state.models):
+        if any(id(p) in ids for p in model.parameters()):
+            dist_opt.attach_model(model)
+    _state.optimizers.add(dist_opt)
+    return dist_opt
+
+
+def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:
+    """Paddle's ``fleet.distributed_scaler``: a scaler like ``scaler`` whose inf/nan skip agrees on every rank.
+
+    Scale, growth/backoff factors, interval and state are carried over; the
+    scale backs off on every inf/nan step, as torch's scaler does.
+    """
+    if isinstance(scaler, DistGradScaler):
+        return scaler
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"distributed_scaler needs a torch.amp.GradScaler, got {type(scaler).__name__}")
+    out = DistGradScaler(scaler._device, init_scale=scaler.get_scale() if scaler.is_enabled() else 65536.0,
+                         growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
+                         growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled(),
+                         decr_every_n_nan_or_inf=1)
+    if scaler.is_enabled():
+        out.load_state_dict(scaler.state_dict())
+    return out
+
+
+def worker_index() -> int:
+    """This worker's rank."""
+    return collective.get_rank()
+
+
+def worker_num() -> int:
+    """Number of workers."""
+    return _world_size()
+
+
+def is_first_worker() -> bool:
+    """True on rank 0."""
+    return worker_index() == 0
+
+
+def barrier_worker() -> None:
+    """Wait for every worker (a no-op single-process)."""
+    collective.barrier()
+
+
+def local_rank() -> int:
+    """This worker's rank on its node."""
+    return ParallelEnv().local_rank
+
+
+def worker_endpoints(to_string: bool = False) -> list[str] | str:
+    """The workers' HOST:PORT endpoints (as one comma-separated string with ``to_string``)."""
+    eps = ParallelEnv().trainer_endpoints
+    return ",".join(eps) if to_string else eps
+
+
+def _reset() -> None:
+    """Forget the strategy, models and optimizers (tests)."""
+    global _state
+    _state = _State()

@@ -1,0 +1,239 @@
+"""``DistributedOptimizer``: what ``fleet.distributed_optimizer`` returns.
+
+A thin wrapper over any torch optimizer that adds, from the strategy:
+
+* gradient merge: ``k_steps`` calls of ``step()`` make one optimizer step; the
+  linked data-parallel models skip gradient synchronisation on the first
+  ``k - 1`` micro-batches (their ``require_backward_grad_sync`` is switched
+  off, like ``no_sync()``), the k-th backward reduces the accumulated sum,
+  and the gradients are divided by ``k`` when ``avg``. ``clear_grad()`` /
+  ``zero_grad()`` do nothing inside an accumulation window, so the usual
+  ``backward(); step(); clear_grad()`` loop works unchanged;
+* sharding stage 1: the optimizer state is partitioned across ranks with
+  ``torch.distributed.optim.ZeroRedundancyOptimizer``;
+* amp: the step goes through :class:`~fleetlite.distributed.fleet.amp.AmpHelper`
+  (unscale, rank-consistent inf/nan skip, scale update).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+
+from .amp import AmpHelper
+
+__all__ = ["DistributedOptimizer"]
+
+_AMP_KEY = "fleet_amp"
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch optimizer with the fleet strategy's optimizer-side features (Paddle's API on top).
+
+    Build it with ``fleet.distributed_optimizer(optimizer)``. It is a
+    ``torch.optim.Optimizer`` (learning-rate schedulers accept it) whose
+    ``param_groups`` are the wrapped optimizer's. ``inner_opt`` is the
+    optimizer that actually steps (a ``ZeroRedundancyOptimizer`` with
+    sharding, else the one given); ``stepped`` tells whether the last
+    ``step()`` changed the parameters (False inside a gradient-merge window
+    or when amp skipped an inf/nan step).
+
+    Example::
+
+        from fleetlite.distributed import fleet
+        strategy = fleet.DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": 2})
+        fleet.init(is_collective=True, strategy=strategy)
+        model = fleet.distributed_model(torch.nn.Linear(4, 1))
+        opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        for x in torch.randn(4, 8, 4):
+            opt.minimize(model(x).pow(2).mean())   # backward + step (every 2nd call updates)
+            opt.clear_grad()
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, strategy, amp: AmpHelper | None = None,
+                 group=None) -> None:
+        # torch.optim.Optimizer.__init__ is not called: parameters, groups and state live in the inner optimizer.
+        from .strategy import DistributedStrategy
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"distributed_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("this optimizer is already a DistributedOptimizer; pass its .inner_opt or the original "
+                            "torch optimizer")
+        if not isinstance(strategy, DistributedStrategy):
+            raise TypeError(f"strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
+        self.user_opt = optimizer
+        self.strategy = strategy
+        self._k = strategy.gradient_merge_configs["k_steps"] if strategy.gradient_merge else 1
+        self._avg = bool(strategy.gradient_merge_configs["avg"])
+        self._micro = 0
+        self._models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self.stepped = False
+        self.amp = amp if amp is not None else AmpHelper(enabled=False)
+        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_enabled else optimizer
+
+    @staticmethod
+    def _shard(optimizer: torch.optim.Optimizer, group) -> torch.optim.Optimizer:
+        if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size(group) == 1:
+            import warnings
+
+            warnings.warn("strategy.sharding is on but there is a single rank: the optimizer state is not "
+                          "partitioned (nothing to partition across)", stacklevel=3)
+            return optimizer
+        if any(len(s) for s in optimizer.state.values()):
+            raise ValueError("sharding needs an optimizer without state, but this one has already stepped; call "
+                             "fleet.distributed_optimizer(opt) before the first step (load a checkpoint after, with "
+                             "set_state_dict)")
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        # The groups are handed over as the same dicts, so a scheduler built on the original optimizer still
+        # drives the learning rate (ZeroRedundancyOptimizer copies group settings to its shard at each step).
+        return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
+                                       process_group=group, **optimizer.defaults)
+
+    # --- models whose gradient sync follows the merge window -----------------------------------------------
+    def attach_model(self, model: nn.Module) -> None:
+        """Let gradient merge switch ``model.require_backward_grad_sync`` (a DataParallel or torch DDP model)."""
+        if not hasattr(model, "require_backward_grad_sync"):
+            raise TypeError(f"{type(model).__name__} has no require_backward_grad_sync attribute; attach the "
+                            "model returned by fleet.distributed_model")
+        self._models.add(model)
+        model.require_backward_grad_sync = self._micro + 1 >= self._k
+
+    def _set_sync(self, flag: bool) -> None:
+        for model in list(self._models):
+            model.require_backward_grad_sync = flag
+
+    # --- torch.optim.Optimizer surface ------------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner_opt.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.inner_opt.defaults
+
+    @property
+    def state(self):
+        """This rank's optimizer state (only its shard with sharding)."""
+        inner = self.inner_opt
+        return inner.optim.state if hasattr(inner, "consolidate_state_dict") else inner.state
+
+    @property
+    def k_steps(self) -> int:
+        return self._k
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One micro-step: accumulate, or (every ``k_steps``-th call) average, step and re-enable sync."""
+        if closure is not None:
+            if self._k > 1 or self.amp.uses_scaler:
+                raise ValueError("step(closure) cannot be combined with gradient_merge or float16 amp; call "
+                                 "backward yourself and step() without a closure")
+            out = self.inner_opt.step(closure)
+            self.stepped = True
+            return out
+        self._micro += 1
+        if self._micro < self._k:
+            self.amp._check_scaled()
+            self.amp._scaled = False
+            self.stepped = False
+            self._set_sync(self._micro + 1 >= self._k)
+            return None
+        self._micro = 0
+        self.stepped = self.amp.step(self.inner_opt, grad_divisor=self._k if self._avg else 1)
+        self._set_sync(self._k == 1)
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients, except inside a gradient-merge window (they are being accumulated)."""
+        if self._micro == 0:
+            self.inner_opt.zero_grad(set_to_none=set_to_none)
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Paddle's ``clear_grad``: zero the gradients (or drop them with ``set_to_zero=False``)."""
+        self.zero_grad(set_to_none=not set_to_zero)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` with amp loss scaling when the strategy needs it."""
+        self.amp.backward(loss, **kwargs)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss scaled for float16 amp (unchanged otherwise); call ``.backward()`` on the result."""
+        return self.amp.scale(loss)
+
+    def minimize(self, loss: torch.Tensor, startup_program=None, parameters=None, no_grad_set=None) -> None:
+        """Paddle's ``minimize``: backward of ``loss`` (scaled under amp) then ``step()``.
+
+        Do not call ``loss.backward()`` before it. ``parameters``/``no_grad_set``
+        (restricting the update) are not supported and raise.
+        """
+        if startup_program is not None or parameters is not None or no_grad_set is not None:
+            raise NotImplementedError("minimize(loss, startup_program/parameters/no_grad_set) is static-graph "
+                                      "Paddle; build the optimizer over the parameters to train instead")
+        self.backward(loss)
+        self.step()
+
+    def get_lr(self) -> float:
+        """The learning rate of the first parameter group."""
+        return float(self.param_groups[0]["lr"])
+
+    def set_lr(self, value: float) -> None:
+        """Set the learning rate of every parameter group."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"set_lr needs a non-negative number, got {value!r}")
+        for group in self.param_groups:
+            group["lr"] = float(value)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.inner_opt.add_param_group(param_group)
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The full optimizer state in torch's format (plus the amp scaler under ``'fleet_amp'``).
+
+        With sharding this is collective: every rank must call it; each gets the full state.
+        """
+        inner = self.inner_opt
+        if hasattr(inner, "consolidate_state_dict"):
+            inner.consolidate_state_dict(to=0)
+            holder = [inner.state_dict() if tdist.get_rank() == 0 else None]
+            tdist.broadcast_object_list(holder, src=0, group=inner.process_group)
+            state = holder[0]
+        else:
+            state = inner.state_dict()
+        if self.amp.uses_scaler:
+            state = dict(state)
+            state[_AMP_KEY] = self.amp.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (or from a plain torch optimizer of the same type)."""
+        state = dict(state_dict)
+        amp_state = state.pop(_AMP_KEY, None)
+        self.inner_opt.load_state_dict(state)
+        if amp_state is not None:
+            self.amp.load_state_dict(amp_state)
+        self._micro = 0
+        self._set_sync(self._k == 1)
+
+    set_state_dict = load_state_dict
+
+    def __getstate__(self):
+        raise TypeError("a DistributedOptimizer is bound to live process groups and models; pickle its "
+                        "state_dict() instead")
+
+    def __repr__(self) -> str:
+        extras = []
+        if self._k > 1:
+            extras.append(f"k_steps={self._k}, avg={self._avg}")
+        if self.inner_opt is not self.user_opt:
+            extras.append("sharding=stage1")
+        if self.amp.enabled:
+            extras.append(repr(self.amp))
+        tail = (", " + ", ".join(extras)) if extras else ""
+        return f"DistributedOptimizer({type(self.user_opt).__name__}{tail})"

@@ -8,6 +8,7 @@ Example::
 """
 
 from .collective import (
+    CollectiveError,
     ReduceOp,
     all_gather_object,
     all_reduce,
@@ -35,6 +36,7 @@ __all__ = [
     "broadcast",
     "all_gather_object",
     "ReduceOp",
+    "CollectiveError",
     "ParallelEnv",
     "DistEnvError",
     "read_env",

@@ -188,10 +188,11 @@ def get_rank(group=None) -> int:
 
 
 def get_world_size(group=None) -> int:
-    """Number of processes (1 when no process group exists)."""
+    """Number of processes: the group's size, or before ``init_parallel_env`` the launcher's
+    ``WORLD_SIZE`` / ``PADDLE_TRAINERS_NUM`` (1 when launched without one), as Paddle does."""
     if is_initialized():
         return tdist.get_world_size(group)
-    return 1
+    return read_env().world_size if group is None else 1
 
 
 def barrier(group=None) -> None:

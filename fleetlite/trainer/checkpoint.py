@@ -64,8 +64,9 @@ FORMAT = "fleetlite.checkpoint"
 VERSION = 1
 LATEST = "latest.pt"
 _TMP_RE = re.compile(r"^\..*\.tmp-[0-9a-f]+$")
-_LEAVES = (torch.Tensor, bool, int, float, complex, str, bytes, bytearray, type(None), torch.Size, torch.dtype,
-           torch.device)
+# exact types: subclasses (numpy.float64 is a float, torch's TorchVersion a str) pickle as their own class
+_PLAIN = frozenset({bool, int, float, complex, str, bytes, bytearray, type(None), torch.Size, torch.dtype,
+                    torch.device})
 
 
 class CheckpointError(RuntimeError):
@@ -83,15 +84,15 @@ def check_plain(obj: Any, where: str = "state") -> None:
     stack = [(obj, where)]
     while stack:
         value, path = stack.pop()
-        if isinstance(value, _LEAVES):
+        if type(value) in _PLAIN or isinstance(value, torch.Tensor):
             continue
-        if isinstance(value, (dict, collections.OrderedDict)):
+        if type(value) in (dict, collections.OrderedDict):
             for k, v in value.items():
                 if not isinstance(k, (str, int, float, bool, type(None))):
                     raise TypeError(f"{path} has a key of type {type(k).__name__} ({k!r}); checkpoint keys must "
                                     "be str/int/float/bool/None")
                 stack.append((v, f"{path}[{k!r}]"))
-        elif isinstance(value, (list, tuple, set, frozenset)) and type(value) in (list, tuple, set, frozenset):
+        elif type(value) in (list, tuple, set, frozenset):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
         else:
             raise TypeError(
@@ -217,7 +218,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         raise CheckpointError(path, "refused: loading it needs arbitrary unpickling (it holds Python objects other "
                                     "than tensors and plain values, which could run code), so it was not loaded. "
                                     "If you trust its origin, load it yourself with torch.load(path, "
-                                    f"weights_only=False). Detail: {str(e).splitlines()[0]}") from None
+                                    f"weights_only=False). Detail: {_unpickling_detail(e)}") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
         size = path.stat().st_size
         raise CheckpointError(path, f"unreadable ({size} bytes): truncated or corrupted "
@@ -233,6 +234,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     if missing:
         raise CheckpointError(path, f"incompatible: lacks {missing}; it was not written by Trainer checkpointing")
     return state
+
+
+def _unpickling_detail(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Unsupported" in ln or "global" in ln.lower():
+            return ln.replace("WeightsUnpickler error: ", "")
+    return lines[0] if lines else type(e).__name__
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:

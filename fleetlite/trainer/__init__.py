@@ -1,0 +1,19 @@
+"""fleetlite.trainer: the Keras-style Trainer, its callbacks, metrics and checkpoints.
+
+Public names: ``Trainer`` (also ``fleetlite.Trainer`` / ``fleetlite.Model``),
+``History``; the callbacks are in :mod:`fleetlite.callbacks`
+(= ``fleetlite.trainer.callbacks``), the metrics in :mod:`fleetlite.metric`
+(= ``fleetlite.trainer.metrics``), the checkpoint file helpers in
+:mod:`fleetlite.trainer.checkpoint`.
+
+Example::
+
+    import fleetlite
+    trainer = fleetlite.Trainer(net, opt, torch.nn.CrossEntropyLoss(), metrics=fleetlite.metric.Accuracy())
+    trainer.fit(train_set, eval_data=test_set, epochs=3, save_dir="runs/a")
+"""
+
+from .callback_base import History
+from .trainer import Trainer
+
+__all__ = ["Trainer", "History"]

@@ -1,0 +1,140 @@
+"""The one place where the Trainer meets the environment (Lightning Fabric's connector idea).
+
+It resolves the device, starts the fleet (``fleet.init``), and wraps the
+model with ``fleet.distributed_model`` and the optimizer with
+``fleet.distributed_optimizer`` using the strategy, single-process and
+multi-process alike (with one rank the engine is a pass-through).
+
+# Note [trainer gradient merge]
+The Trainer does gradient accumulation itself (``accumulate_grad_batches``,
+or ``strategy.gradient_merge``'s ``k_steps``/``avg``): it runs the first
+micro-batches under ``no_sync()``, steps the optimizer at the boundary and
+always at the end of an epoch, and checkpoints only at boundaries. The
+fleet is therefore started with ``gradient_merge`` switched off, so the
+optimizer does not merge a second time.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Connector", "resolve_device"]
+
+
+def _fleet():
+    """The fleet facade package (imported by path: it is a lazy attribute of fleetlite.distributed)."""
+    import importlib
+
+    return importlib.import_module("fleetlite.distributed.fleet")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
+    if device is None or device == "auto":
+        from ..distributed.env import ParallelEnv
+
+        return torch.device(ParallelEnv().device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} asks for CUDA but no CUDA device is available here; use "
+                         "device='cpu' or 'auto'")
+    return dev
+
+
+class Connector:
+    """Environment, strategy and wrapping for one Trainer.
+
+    Example::
+
+        conn = Connector(strategy=None, device="auto")
+        dp_model, dist_opt = conn.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    """
+
+    def __init__(self, strategy: Any = None, device: str | torch.device | None = "auto") -> None:
+        self.device = resolve_device(device)
+        self.user_strategy = strategy
+        self.strategy = None  # the resolved DistributedStrategy (as the user gave it)
+        self.accumulate = 1
+        self.accumulate_avg = True
+        self._started = False
+
+    def _resolve_strategy(self):
+        fleet = _fleet()
+
+        s = self.user_strategy
+        if s is None:
+            return fleet.get_strategy() if fleet.is_initialized() else fleet.DistributedStrategy()
+        if isinstance(s, fleet.DistributedStrategy):
+            return copy.deepcopy(s)
+        if isinstance(s, dict) or hasattr(s, "items"):
+            return fleet.DistributedStrategy.from_dict(s)
+        raise TypeError(f"strategy must be a fleet.DistributedStrategy or a dict of its fields, got "
+                        f"{type(s).__name__}")
+
+    def start(self) -> None:
+        """``fleet.init`` with the strategy (gradient merge handled by the Trainer, Note [trainer gradient merge])."""
+        if self._started:
+            return
+        fleet = _fleet()
+
+        self.strategy = self._resolve_strategy()
+        run = copy.deepcopy(self.strategy)
+        if run.gradient_merge:
+            self.accumulate = int(run.gradient_merge_configs["k_steps"])
+            self.accumulate_avg = bool(run.gradient_merge_configs["avg"])
+            run.gradient_merge = False
+        fleet.init(is_collective=True, strategy=run)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._started = True
+
+    @property
+    def world_size(self) -> int:
+        from ..distributed import collective
+
+        return collective.get_world_size()
+
+    @property
+    def rank(self) -> int:
+        from ..distributed import collective
+
+        return collective.get_rank()
+
+    def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """(wrapped, plain) model on the device; an already wrapped model is kept."""
+        fleet = _fleet()
+        from ..parallel import DataParallel
+
+        self.start()
+        if isinstance(network, DataParallel):
+            return network, network.module
+        network.to(self.device)
+        wrapped = fleet.distributed_model(network)
+        return wrapped, wrapped.module
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
+        fleet = _fleet()
+
+        self.start()
+        if isinstance(optimizer, fleet.DistributedOptimizer):
+            if optimizer.k_steps > 1:
+                raise ValueError("the optimizer is a DistributedOptimizer with gradient merge; give the Trainer the "
+                                 "plain torch optimizer (it applies the strategy itself, gradient merge included)")
+            dist_opt = optimizer
+        else:
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            dist_opt = fleet.distributed_optimizer(optimizer)
+        if hasattr(wrapped, "require_backward_grad_sync"):
+            dist_opt.attach_model(wrapped)
+        return dist_opt
+
+    def strategy_dict(self) -> dict[str, Any] | None:
+        return None if self.strategy is None else self.strategy.to_dict()

@@ -1,0 +1,117 @@
+"""``EarlyStopping`` (Keras 3 semantics), public through :mod:`fleetlite.callbacks`."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from .callback_base import Callback, is_rank_zero
+
+__all__ = ["EarlyStopping", "resolve_mode"]
+
+
+def resolve_mode(mode: str, monitor: str) -> str:
+    """``"min"``/``"max"``; ``"auto"`` is ``"max"`` for accuracy-like names, else ``"min"``."""
+    if mode not in ("auto", "min", "max"):
+        raise ValueError(f"mode={mode!r} is not one of 'auto', 'min', 'max'")
+    if mode != "auto":
+        return mode
+    name = monitor.lower()
+    return "max" if any(s in name for s in ("acc", "auc", "precision", "recall", "f1")) else "min"
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has stopped improving.
+
+    An epoch improves when the value beats the best so far by more than
+    ``min_delta`` (in the direction of ``mode``); after ``patience`` epochs
+    without improvement (with ``baseline``: without beating the baseline too)
+    the Trainer stops at the end of the epoch. ``restore_best_weights`` puts the
+    best epoch's weights back when training ends. State (best value, wait,
+    best weights) is checkpointed.
+
+    Example::
+
+        stop = EarlyStopping(monitor="val_acc", mode="max", patience=3, min_delta=1e-3)
+        trainer.fit(data, eval_data=val, epochs=100, callbacks=[stop])
+        print(stop.stopped_epoch, stop.best)
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
+                 baseline: float | None = None, restore_best_weights: bool = False, verbose: int = 1,
+                 start_from_epoch: int = 0) -> None:
+        super().__init__()
+        if patience < 0:
+            raise ValueError(f"EarlyStopping(patience={patience}) must be >= 0")
+        self.monitor = monitor
+        self.mode = resolve_mode(mode, monitor)
+        self.patience = int(patience)
+        self.min_delta = abs(float(min_delta))
+        self.baseline = baseline
+        self.restore_best_weights = restore_best_weights
+        self.verbose = verbose
+        self.start_from_epoch = start_from_epoch
+        self._reset()
+        self._warned = False
+
+    def _reset(self) -> None:
+        self.wait = 0
+        self.stopped_epoch = 0
+        self.best = math.inf if self.mode == "min" else -math.inf
+        self.best_epoch = 0
+        self.best_weights: dict[str, Any] | None = None
+
+    def _improves(self, value: float, reference: float) -> bool:
+        if self.mode == "min":
+            return value < reference - self.min_delta
+        return value > reference + self.min_delta
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.monitor not in logs:
+            if not self._warned:
+                warnings.warn(f"EarlyStopping: monitor {self.monitor!r} is not in the epoch logs (available: "
+                              f"{sorted(logs)}); pass eval_data to fit for val_* values", stacklevel=2)
+                self._warned = True
+            return
+        if epoch < self.start_from_epoch:
+            return
+        value = float(logs[self.monitor])
+        if self.restore_best_weights and self.best_weights is None:
+            self.best_weights = self.trainer.get_weights()
+        self.wait += 1
+        if self._improves(value, self.best):
+            self.best = value
+            self.best_epoch = epoch
+            if self.restore_best_weights:
+                self.best_weights = self.trainer.get_weights()
+            if self.baseline is None or self._improves(value, self.baseline):
+                self.wait = 0
+        # unlike Keras 3, epochs that improve but stay short of the baseline count against patience (as documented)
+        if self.wait > 0 and self.wait >= self.patience and epoch > 0:
+            self.stopped_epoch = epoch
+            self.trainer.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.stopped_epoch > 0 and self.verbose and is_rank_zero():
+            print(f"Epoch {self.stopped_epoch}: early stopping ({self.monitor} did not improve on "
+                  f"{self.best:.6g} for {self.wait} epochs)")
+        if self.restore_best_weights and self.best_weights is not None:
+            if self.verbose and is_rank_zero():
+                print(f"Restoring the weights of the best epoch ({self.best_epoch})")
+            self.trainer.set_weights(self.best_weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wait": self.wait, "stopped_epoch": self.stopped_epoch, "best": self.best,
+                "best_epoch": self.best_epoch, "best_weights": self.best_weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wait = state["wait"]
+        self.stopped_epoch = state["stopped_epoch"]
+        self.best = state["best"]
+        self.best_epoch = state["best_epoch"]
+        self.best_weights = state["best_weights"]

@@ -1,0 +1,259 @@
+"""The fit, evaluate and predict loops (Keras' epoch loop; the steps themselves live on the Trainer).
+
+# Note [epoch end]
+``on_epoch_end`` fires, and evaluation runs, only for an epoch that really
+ended (its last batch done). A stop in the middle of an epoch
+(``stop_training`` set by a callback at a step boundary, or ``num_iters``
+reached) ends training without them, so a per-epoch LR scheduler is not
+stepped for a half epoch and a resumed run continues that epoch exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from .data_adapter import DataAdapter, batch_length
+from .metrics import reduce_sums
+from .state import rank_entry, restore_rng
+
+__all__ = ["run_fit", "run_evaluate", "run_predict"]
+
+
+def _epoch_logs(t, reduce: bool) -> dict[str, Any]:
+    acc = t._train_accum
+    extra = torch.tensor([float(acc["loss_sum"]), float(acc["count"])], dtype=torch.float64)
+    if reduce:
+        extra = reduce_sums(t.metrics, extra)
+    logs = {"loss": float(extra[0] / max(extra[1].item(), 1.0))}
+    logs.update(t._metric_logs())
+    return logs
+
+
+def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: dict[str, Any] | None):
+    """Set the epoch, restore a resumed position (Note [resume order]) and return the batch iterator.
+
+    None means the resumed pass has no batch left (only its epoch end is missing).
+    """
+    from .checkpoint import capture_rng_state
+
+    t.epoch = epoch
+    t.epoch_finished = False
+    # a pass resumed after its last batch: the data already points at the next epoch, only the epoch end is left
+    exhausted = resume is not None and adapter.resumable and resume["state"]["progress"].get("pass_done", False)
+    if not exhausted:
+        adapter.set_epoch(epoch)
+    if resume is None:
+        t.batch_in_epoch = 0
+        t._reset_train_accum()
+        t._epoch_rng = capture_rng_state()
+        return iter(adapter)
+    entry, sums = resume["entry"], resume["sums"]
+    t.batch_in_epoch = int(resume["state"]["progress"]["batch_in_epoch"])
+    t._reset_train_accum()
+    t._train_accum["loss_sum"] = torch.tensor(sums["loss_sum"], dtype=torch.float64)
+    t._train_accum["count"] = int(sums["count"])
+    if sums.get("metrics"):
+        for m, s in zip(t.metrics, sums["metrics"]):
+            m.load_state_dict(s)
+    t._epoch_rng = entry["epoch_rng"]
+    restore_rng(entry["epoch_rng"])
+    it = None if exhausted else iter(adapter)
+    if not adapter.resumable and t.batch_in_epoch:  # Note [resume replay]
+        for _ in range(t.batch_in_epoch):
+            next(it)
+    restore_rng(entry["rng"])
+    return it
+
+
+def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, eval_freq: int,
+            num_iters: int | None, callbacks, resume_state: dict[str, Any] | None) -> None:
+    from ..distributed import collective
+
+    acc = t._accumulate
+    resume = None
+    start_epoch = 0
+    if resume_state is not None:
+        prog = resume_state["progress"]
+        entry, sums = rank_entry(resume_state, collective.get_rank(), collective.get_world_size())
+        if prog["epoch_finished"]:
+            start_epoch = prog["epoch"] + 1
+            restore_rng(entry["rng"])
+        else:
+            start_epoch = prog["epoch"]
+            resume = {"state": resume_state, "entry": entry, "sums": sums}
+    t.stop_training = False
+    callbacks.on_train_begin()
+    if resume_state is not None:
+        callbacks.load_state_dict(resume_state["callbacks"])
+    logs: dict[str, Any] = {}
+    for epoch in range(start_epoch, epochs):
+        if t.stop_training or (num_iters is not None and t.global_step >= num_iters):
+            break
+        it = _start_epoch(t, train, epoch, resume)
+        resume = None
+        pass_len = 0 if it is None else train.length()
+        it = iter(()) if it is None else it
+        steps = None if pass_len is None else t.batch_in_epoch + pass_len
+        callbacks.params["steps"] = steps
+        callbacks.on_epoch_begin(epoch)
+        t.parallel_network.train()
+        t._pass_index = 0
+        ended = True
+        micro = 0
+        for batch in it:
+            n = batch_length(batch)
+            valid = train.num_valid(t._pass_index, batch)
+            last = pass_len is not None and t._pass_index == pass_len - 1
+            micro += 1
+            t.at_step_boundary = (t.batch_in_epoch + 1) % acc == 0 or last
+            t._batch_valid = n if valid is None else valid
+            callbacks.on_train_batch_begin(t.batch_in_epoch)
+            batch = t._to_device(batch)
+            sync = contextlib.nullcontext() if t.at_step_boundary or acc == 1 else t.parallel_network.no_sync()
+            with sync:
+                out = t.train_step(batch)
+            if t.at_step_boundary:
+                micro = 0
+            step_logs = t._record_train(out, n)
+            t.batch_in_epoch += 1
+            t._pass_index += 1
+            if t.at_step_boundary:
+                t.global_step += 1
+            callbacks.on_train_batch_end(t.batch_in_epoch - 1, step_logs)
+            t.run_pending_saves()
+            if t.at_step_boundary and (t.stop_training or (num_iters is not None and t.global_step >= num_iters)):
+                ended = pass_len is not None and t._pass_index == pass_len
+                break
+        if micro:  # a loader without len(): sync and apply the last, incomplete accumulation (Note [trainer ...])
+            t._flush_accumulation()
+            t.global_step += 1
+        t.at_step_boundary = True
+        if not ended:  # Note [epoch end]
+            break
+        logs = _epoch_logs(t, reduce=train.sharded)
+        if evaluation is not None and (epoch + 1) % eval_freq == 0:
+            val = run_evaluate(t, evaluation, callbacks)
+            logs.update({f"val_{k}": v for k, v in val.items()})
+        t.epoch_finished = True
+        callbacks.on_epoch_end(epoch, logs)
+        t.run_pending_saves()
+    t.at_step_boundary = True
+    callbacks.on_train_end(logs)
+    t.run_pending_saves()
+
+
+def run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
+    """Loss and metrics over ``data``, every sample counted once across ranks (padding cut off)."""
+    from ..io.evaluation import trim_batch
+
+    reason = data.exact_reason()
+    if reason is not None:
+        raise ValueError(f"cannot evaluate exactly: {reason}")
+    module = t.network
+    was_training = module.training
+    module.eval()
+    for m in t.metrics:
+        m.reset()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    count = 0
+    callbacks.on_eval_begin()
+    try:
+        with torch.no_grad():
+            for i, batch in enumerate(data):
+                valid = data.num_valid(i, batch)
+                if valid is not None:
+                    if valid == 0:
+                        continue
+                    batch = trim_batch(batch, valid)
+                n = batch_length(batch)
+                callbacks.on_eval_batch_begin(i)
+                t._batch_valid = n
+                out = t.eval_step(t._to_device(batch)) or {}
+                loss = out.get("loss")
+                if loss is not None:
+                    weight = 1 if getattr(t.loss_fn, "reduction", "mean") == "sum" else n
+                    loss_sum += loss.detach().to(torch.float64).cpu() * weight
+                count += n
+                callbacks.on_eval_batch_end(i, {"loss": loss, "batch_size": n})
+    finally:
+        module.train(was_training)
+    extra = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64)])
+    if data.sharded:
+        extra = reduce_sums(t.metrics, extra)
+    logs: dict[str, Any] = {}
+    if t.loss_fn is not None:
+        logs["loss"] = float(extra[0] / max(extra[1].item(), 1.0))
+    logs.update(t._metric_logs())
+    callbacks.on_eval_end(logs)
+    return logs
+
+
+def _cpu(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return [_cpu(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
+    raise TypeError(f"predict_step must return tensors (or a tuple/list/dict of them), got {type(x).__name__}")
+
+
+def _as_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)) and all(isinstance(o, torch.Tensor) for o in out):
+        return list(out)
+    raise TypeError(f"predict_step must return a tensor or a tuple of tensors, got {type(out).__name__}")
+
+
+def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
+    """Outputs in dataset order, gathered across ranks, padding removed (each sample once)."""
+    from ..distributed import collective
+    from ..io.evaluation import trim_batch
+
+    gather = data.sharded and collective.get_world_size() > 1
+    indices = data.pass_indices() if gather else None
+    if gather and indices is None:
+        raise ValueError("cannot gather predictions in dataset order: the data is split across ranks by a sampler "
+                         "whose indices are unknown; use a Dataset, a DataLoader over a DistributedBatchSampler, "
+                         "or a TensorLoader")
+    module = t.network
+    was_training = module.training
+    module.eval()
+    local: list[list[torch.Tensor]] = []
+    local_idx: list[int] = []
+    callbacks.on_predict_begin()
+    try:
+        with torch.no_grad():
+            for i, batch in enumerate(data):
+                valid = data.num_valid(i, batch)
+                if valid is not None:
+                    batch = trim_batch(batch, valid)
+                    if valid == 0:
+                        continue
+                callbacks.on_predict_batch_begin(i)
+                outs = _as_outputs(_cpu(t.predict_step(t._to_device(batch))))
+                local.append(outs)
+                if indices is not None:
+                    local_idx.extend(indices[i][:batch_length(batch)])
+                callbacks.on_predict_batch_end(i, {"outputs": outs})
+    finally:
+        module.train(was_training)
+    n_out = len(local[0]) if local else 0
+    columns = [torch.cat([b[k] for b in local]) if local else torch.empty(0) for k in range(n_out)]
+    if gather:
+        parts = collective.all_gather_object((local_idx, columns))
+        idx = torch.tensor([j for p in parts for j in p[0]], dtype=torch.int64)
+        n_out = max(len(p[1]) for p in parts)
+        columns = [torch.cat([p[1][k] for p in parts if len(p[1]) > k]) for k in range(n_out)]
+        order = torch.argsort(idx, stable=True)
+        columns = [c[order] for c in columns]
+    callbacks.on_predict_end({"num_samples": int(columns[0].shape[0]) if columns else 0})
+    if stack_outputs:
+        result = columns
+    else:
+        result = [list(torch.split(c, batch_size)) for c in columns]
+    return result[0] if len(result) == 1 else result

@@ -1,0 +1,126 @@
+"""``ModelCheckpoint``: full training-state checkpoints every N epochs or steps, keep-last-k, best, latest.
+
+# Note [checkpoint timing]
+A checkpoint must hold the state *after* every callback has handled the
+event (an LR scheduler stepped at the epoch end, EarlyStopping's counters,
+...). So ``ModelCheckpoint`` only decides in its hook and asks the Trainer
+(``trainer.request_save(fn)``); the Trainer runs the request once all
+callbacks of that hook returned, at an optimizer-step boundary. Anything else
+that needs a checkpoint at the next step boundary (e.g. a pre-emption
+handler) uses the same ``request_save``.
+
+Public through :mod:`fleetlite.callbacks`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .callback_base import Callback, is_rank_zero
+from .early_stopping import resolve_mode
+
+__all__ = ["ModelCheckpoint"]
+
+
+class ModelCheckpoint(Callback):
+    """Save the full training state: every ``save_freq`` epochs and/or every ``save_steps`` optimizer steps.
+
+    Files in ``save_dir`` (default: ``fit(save_dir=...)``): ``epoch-0003.pt``
+    (after epoch 3, 0-based), ``step-00000500.pt`` (after optimizer step 500),
+    ``latest.pt`` (always the newest, a hard link) and with ``monitor``
+    ``best.pt`` (the epoch with the best monitored value by ``mode``). With
+    ``keep_last=k`` only the newest k periodic files are kept (``best.pt``
+    and ``latest.pt`` stay). Resume with ``fit(..., resume="latest")``.
+
+    Example::
+
+        ckpt = ModelCheckpoint("runs/a", save_freq=1, save_steps=200, keep_last=3, monitor="val_acc")
+        trainer.fit(data, eval_data=val, epochs=10, callbacks=[ckpt])
+        trainer.fit(data, eval_data=val, epochs=10, callbacks=[ckpt], resume="latest")  # after a crash
+    """
+
+    def __init__(self, save_dir: str | None = None, save_freq: int | None = 1, save_steps: int | None = None,
+                 keep_last: int | None = None, monitor: str | None = None, mode: str = "auto",
+                 min_delta: float = 0.0, save_last: bool = True, verbose: int = 0) -> None:
+        super().__init__()
+        for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"ModelCheckpoint({name}={v!r}) must be a positive integer or None")
+        self.save_dir = save_dir
+        self.save_freq = save_freq
+        self.save_steps = save_steps
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.mode = resolve_mode(mode, monitor) if monitor else "min"
+        self.min_delta = abs(float(min_delta))
+        self.save_last = save_last
+        self.verbose = verbose
+        self.saved: list[str] = []
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self._last_saved_step: int | None = None
+        self.directory: Path | None = None
+
+    # -- decisions (in the hooks) -------------------------------------------------
+    def on_train_begin(self, logs=None):
+        d = self.save_dir or getattr(self.trainer, "save_dir", None)
+        if d is None:
+            raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
+                             "fit(..., save_dir=...)")
+        self.directory = Path(d)
+        self._last_saved_step = None
+
+    def on_train_batch_end(self, step, logs=None):
+        t = self.trainer
+        if self.save_steps and t.at_step_boundary and t.global_step % self.save_steps == 0:
+            self._request(f"step-{t.global_step:08d}.pt", best=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        best = False
+        if self.monitor is not None and logs and self.monitor in logs:
+            value = float(logs[self.monitor])
+            if self.best is None or (value < self.best - self.min_delta if self.mode == "min"
+                                     else value > self.best + self.min_delta):
+                self.best, self.best_epoch, best = value, epoch, True
+        periodic = bool(self.save_freq) and (epoch + 1) % self.save_freq == 0
+        if periodic or best:
+            self._request(f"epoch-{epoch:04d}.pt" if periodic else "best.pt", best=best, periodic=periodic)
+
+    def on_train_end(self, logs=None):
+        t = self.trainer
+        if self.save_last and self._last_saved_step != t.global_step and t.global_step > 0:
+            name = f"epoch-{t.epoch:04d}.pt" if t.epoch_finished else f"step-{t.global_step:08d}.pt"
+            self._request(name, best=False)
+            t.run_pending_saves()
+
+    def _request(self, name: str, best: bool, periodic: bool = True) -> None:
+        if periodic and name not in self.saved:
+            self.saved.append(name)
+        self._last_saved_step = self.trainer.global_step
+        self.trainer.request_save(lambda: self._write(name, best, periodic))
+
+    # -- writing (run by the Trainer after all callbacks, see Note [checkpoint timing]) ----
+    def _write(self, name: str, best: bool, periodic: bool) -> None:
+        from .checkpoint import atomic_alias
+
+        path = self.directory / name
+        self.trainer.save_checkpoint(path, latest=True)
+        rank0 = is_rank_zero()
+        if rank0 and best and name != "best.pt":
+            atomic_alias(path, self.directory / "best.pt")
+        if rank0 and self.verbose:
+            print(f"saved checkpoint {path}" + (" (best)" if best else ""))
+        if periodic and self.keep_last is not None:
+            while len(self.saved) > self.keep_last:  # every rank keeps the same list; rank 0 deletes
+                old = self.directory / self.saved.pop(0)
+                if rank0:
+                    old.unlink(missing_ok=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved = list(state["saved"])
+        self.best = state["best"]
+        self.best_epoch = state["best_epoch"]

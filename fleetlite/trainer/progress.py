@@ -1,0 +1,165 @@
+"""``ProgressBar``: rich progress on a terminal, plain periodic lines elsewhere (CI, log files). Rank 0 only.
+
+Public through :mod:`fleetlite.callbacks`; ``rich`` is imported only when a
+terminal display is actually started.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from .callback_base import Callback, is_rank_zero
+
+__all__ = ["ProgressBar", "format_logs"]
+
+
+def _value(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
+
+
+def format_logs(logs: dict[str, Any] | None, skip: tuple[str, ...] = ("batch_size",)) -> str:
+    """``"loss: 0.1234 - acc: 0.5000"`` from a logs dict (tensors and lists welcome)."""
+    parts = []
+    for k, v in (logs or {}).items():
+        if k in skip:
+            continue
+        v = _value(v)
+        if isinstance(v, float):
+            parts.append(f"{k}: {v:.4f}")
+        elif isinstance(v, (list, tuple)):
+            parts.append(f"{k}: " + "/".join(f"{_value(x):.4f}" for x in v))
+        else:
+            parts.append(f"{k}: {v}")
+    return " - ".join(parts)
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressBar(Callback):
+    """Show epoch, step/total, loss and metrics, samples/s and ETA, on rank 0 only.
+
+    On a terminal (``stream.isatty()``) a rich progress bar is drawn; otherwise
+    a plain line is written every ``log_freq`` steps and at each epoch end,
+    e.g. ``Epoch 1/5 step 40/196 - loss: 1.2345 - acc: 0.5000 - 2311.4 samples/s - ETA 0:00:09``.
+    ``fit`` adds one (``log_freq`` from ``fit``) unless one is given or ``verbose=0``.
+
+    Example::
+
+        trainer.fit(data, epochs=2, callbacks=[ProgressBar(log_freq=20)])
+        ProgressBar(stream=open("train.log", "a"))    # plain lines into a file
+    """
+
+    def __init__(self, log_freq: int | None = None, verbose: int = 1, stream: TextIO | None = None,
+                 use_rich: bool | None = None) -> None:
+        super().__init__()
+        self.log_freq = log_freq
+        self.verbose = verbose
+        self.stream = stream
+        self.use_rich = use_rich
+        self._progress = None
+        self._task = None
+        self._active = False
+
+    # -- helpers ---------------------------------------------------------------
+    def _out(self) -> TextIO:
+        return self.stream if self.stream is not None else sys.stdout
+
+    def _line(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            out = self._out()
+            out.write(text + "\n")
+            out.flush()
+
+    def _freq(self) -> int:
+        return max(int(self.log_freq or self.params.get("log_freq") or 10), 1)
+
+    def _rich_wanted(self) -> bool:
+        if self.use_rich is not None:
+            return self.use_rich
+        isatty = getattr(self._out(), "isatty", None)
+        return bool(isatty and isatty())
+
+    def _throughput(self) -> tuple[float, float]:
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        done = self._done - self._start_step
+        rate = self._samples / elapsed
+        left = (self._total - self._done) * elapsed / done if done > 0 and self._total else 0.0
+        return rate, left
+
+    # -- hooks -------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._active = self.verbose > 0 and is_rank_zero()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self._active:
+            return
+        self._epoch = epoch
+        self._total = int(self.params.get("steps") or 0)
+        self._start_step = self._done = int(getattr(self.trainer, "batch_in_epoch", 0) or 0)
+        self._samples = 0.0
+        self._world = int(self.params.get("world_size", 1))
+        self._t0 = time.perf_counter()
+        self._desc = f"Epoch {epoch + 1}/{self.params.get('epochs', '?')}"
+        if self._rich_wanted():
+            self._start_rich()
+
+    def _start_rich(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(file=self._out(), force_terminal=True if self.use_rich else None)
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console,
+                                  transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(self._desc, total=self._total or None, completed=self._done,
+                                             info="")
+
+    def on_train_batch_end(self, step, logs=None):
+        if not self._active:
+            return
+        self._done = step + 1
+        self._samples += float(_value((logs or {}).get("batch_size", 0))) * self._world
+        if self._done % self._freq() and self._done != self._total:
+            if self._progress is not None:
+                self._progress.update(self._task, completed=self._done)
+            return
+        rate, left = self._throughput()
+        info = format_logs(logs)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=self._done, info=f"{info} - {rate:.1f} samples/s")
+        else:
+            total = f"/{self._total}" if self._total else ""
+            self._line(f"{self._desc} step {self._done}{total} - {info} - {rate:.1f} samples/s - ETA {_hms(left)}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._active:
+            return
+        elapsed = time.perf_counter() - self._t0
+        rate = self._samples / max(elapsed, 1e-9)
+        self._stop_rich()
+        self._line(f"{self._desc} done - {format_logs(logs)} - {rate:.1f} samples/s - {elapsed:.1f} s")
+
+    def _stop_rich(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+            self._task = None
+
+    def on_train_end(self, logs=None):
+        self._stop_rich()
+
+    def on_eval_end(self, logs=None):
+        if self.verbose > 0 and is_rank_zero() and not getattr(self.trainer, "fitting", False):
+            self._line(f"Eval - {format_logs(logs)}")
+
+    def on_predict_end(self, logs=None):
+        if self.verbose > 1 and is_rank_zero():
+            self._line(f"Predict - {format_logs(logs)}")

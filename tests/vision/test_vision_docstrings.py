@@ -1,0 +1,26 @@
+"""The ``Example::`` blocks of fleetlite.vision's public data classes and transforms run as written."""
+
+import inspect
+import textwrap
+
+import pytest
+import torch
+
+from fleetlite.vision.datasets import ImageArrayDataset, SyntheticCifar10
+from fleetlite.vision.transforms import crop_flip
+
+
+def example(obj) -> str:
+    block = inspect.getdoc(obj).split("Example::", 1)[1]
+    lines = []
+    for line in block.splitlines()[1:]:
+        if line.strip() and not line.startswith(" "):
+            break
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines))
+
+
+@pytest.mark.parametrize("obj", [ImageArrayDataset, SyntheticCifar10, crop_flip])
+def test_example_runs(obj):
+    scope = {"torch": torch, "ImageArrayDataset": ImageArrayDataset, "crop_flip": crop_flip}
+    exec(compile(example(obj), f"<{obj.__name__} example>", "exec"), scope)

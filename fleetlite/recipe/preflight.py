@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -109,10 +110,7 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
 
     register_configs()
     args_in = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = get_args_parser().parse_args(args_in)
-    except SystemExit:
-        raise
+    args = get_args_parser().parse_intermixed_args(args_in)  # Hydra's parser; flags may follow overrides here
     if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS) or args.config_name:
         return args_in
     try:
@@ -142,9 +140,9 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     if rank() == 0:
         try:
             run_dir = str(cfg.run_dir)  # resolves ${now:...} once, here
-            check_run_dir(run_dir)
             if not args.multirun:  # multirun jobs check their own run_dir/<job> directory
                 find_resume_checkpoint(cfg.resume, run_dir)
+            check_run_dir(run_dir)
             answer = {"run_dir": run_dir}
         except ConfigError as e:
             answer = {"error": str(e)}
@@ -153,11 +151,19 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     answer = agree(answer)
     if "error" in answer:
         fail(answer["error"])
-    new_args = [a for a in args_in if not _sets_run_dir(a)] + [f"run_dir={answer['run_dir']}"]
+    flags = (["--multirun"] if args.multirun else []) + (["--run"] if args.run else [])
+    new_args = flags + [a for a in args.overrides if not _sets_run_dir(a)] + [f"run_dir={_quote(answer['run_dir'])}"]
     if rank() != 0:
         new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     sys.argv = [sys.argv[0], *new_args]
     return new_args
+
+
+def _quote(value: str) -> str:
+    """``value`` as a Hydra override value: quoted when it holds characters the override grammar reserves."""
+    if re.fullmatch(r"[\w./:@+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def _sets_run_dir(arg: str) -> bool:

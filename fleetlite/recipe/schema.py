@@ -110,7 +110,7 @@ class SGDConfig:
 @dataclass
 class AdamConfig:
     name: str = "adam"
-    lr: float = 1e-3
+    lr: float = 2e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -119,7 +119,7 @@ class AdamConfig:
 @dataclass
 class AdamWConfig:
     name: str = "adamw"
-    lr: float = 1e-3
+    lr: float = 2e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.05
@@ -224,8 +224,9 @@ class TrainerConfig:
     """``trainer/``: the loop's knobs. ``batch_size`` is global: each of N ranks takes batch_size // N."""
 
     epochs: int = 10
-    batch_size: int = 256
-    eval_batch_size: int | None = None  # None: batch_size
+    max_steps: int | None = None        # stop after this many optimizer steps (a slice; resume=latest continues)
+    batch_size: int = 128
+    eval_batch_size: int | None = 512  # None: batch_size
     eval_freq: int = 1                  # evaluate every N epochs (and after the last)
     log_freq: int = 10                  # progress/log every N steps
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)

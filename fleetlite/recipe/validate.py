@@ -104,6 +104,7 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
         _need(_finite_positive(o.eps), f"optim.eps={o.eps} must be positive; e.g. optim.eps=1e-8")
     # trainer
     _need(t.epochs >= 1, f"trainer.epochs={t.epochs} must be at least 1")
+    _need(t.max_steps is None or t.max_steps >= 1, f"trainer.max_steps={t.max_steps} must be at least 1 (or null)")
     for key in ("batch_size", "eval_batch_size"):
         value = t[key]
         if value is None:
@@ -130,6 +131,7 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
     for key in ("train_size", "test_size"):
         value = d[key]
         _need(value is None or value >= 1, f"data.{key}={value} must be a positive number of samples (or null)")
+    _need(d.seed >= 0, f"data.seed={d.seed} must be an integer >= 0")
     _need(bool(str(d.root).strip()), "data.root is empty; set it to a directory, e.g. data.root=data/cifar10")
     # model
     if m.name == "resnet18":
@@ -218,6 +220,7 @@ def describe_compose_error(exc: BaseException) -> str:
         return f"unknown key '{key}' ({_first_line(cause.msg if hasattr(cause, 'msg') else cause)}): {hint}"
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None)
-        where = f" (key {key})" if key else ""
-        return f"{_first_line(str(exc))}: {_first_line(getattr(cause, 'msg', None) or str(cause))}{where}"
+        what = _first_line(str(exc)).removeprefix("Error merging override ")
+        fix = f"; set {key} to a valid value (add --cfg job to print the config)" if key else ""
+        return f"{what}: {_first_line(getattr(cause, 'msg', None) or str(cause))}{fix}"
     return " ".join(str(exc).split())

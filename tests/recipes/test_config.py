@@ -56,7 +56,7 @@ def test_every_option_composes_and_passes_the_checks(group):
 
 def test_defaults_are_the_documented_ones():
     cfg = _compose()
-    assert cfg.data.name.value == "cifar10" and cfg.model.name == "tutorial_cnn" and cfg.optim.name == "sgd"
+    assert cfg.data.name.value == "cifar10" and cfg.model.name == "tutorial_cnn" and cfg.optim.name == "adam"
     assert cfg.sched.name == "cosine" and cfg.resume is None and cfg.device.value == "auto"
     assert str(cfg.run_dir).startswith("outputs/")
 
@@ -115,7 +115,7 @@ def test_unknown_group_option_lists_the_choices():
     (["trainer.batch_size=1"], r"trainer.batch_size=1 is smaller than the number of ranks \(2\)"),
     (["trainer.epochs=0"], r"trainer.epochs=0 must be at least 1"),
     (["sched.warmup_epochs=20"], r"sched.warmup_epochs=20.0 must be in \[0, trainer.epochs=10\)"),
-    (["optim.name=adam"], r"optim.name='adam' does not match the optim option in use \(sgd\)"),
+    (["optim.name=sgd"], r"optim.name='sgd' does not match the optim option in use \(adam\)"),
     (["strategy.amp_configs.use_pure_fp16=true", "strategy.amp=true"], r"strategy: .*use_pure_fp16"),
     (["strategy.sharding=true", "strategy.sharding_configs.stage=3"], r"strategy: .*stage"),
     (["data.train_size=0"], r"data.train_size=0 must be a positive number"),

@@ -1,0 +1,214 @@
+"""Config -> objects for the recipes: device, data, model, optimizer, schedule, strategy, callbacks.
+
+Each builder takes one config group (see :mod:`fleetlite.recipe.schema`) and
+returns plain fleetlite/torch objects; the recipe script wires them together.
+Errors a user can fix (no CIFAR-10 offline, no CUDA) raise
+:class:`~fleetlite.recipe.validate.ConfigError` with one line.
+
+Example::
+
+    data = build_data(cfg.data, cfg.trainer, device=torch.device("cpu"), world_size=1, rank=0)
+    model = build_model(cfg.model, num_classes=len(data.classes), whitening_images=data.whitening_images)
+    optimizer = build_optimizer(cfg.optim, model)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .validate import CHECKPOINT_SUBDIR, ConfigError
+
+__all__ = ["Data", "resolve_device", "build_data", "build_model", "build_optimizer", "build_scheduler",
+           "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE", "PLOT_FILE"]
+
+METRICS_FILE = "metrics.csv"
+PLOT_FILE = "training_curves.png"
+_WHITENING_IMAGES = 5000
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> this rank's GPU when CUDA is present, else the CPU; ``cuda`` without CUDA is an error."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available here; use device=auto or device=cpu")
+    if device == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+@dataclass
+class Data:
+    """The recipe's input: per-rank loaders over uint8 tensors, the class names, images for whitening."""
+
+    train: Any
+    test: Any
+    classes: list[str]
+    whitening_images: torch.Tensor  # normalised float images (first N of the training split), same on every rank
+
+
+def _load_split(cfg: DictConfig, mode: str, size: int | None, download: bool):
+    from fleetlite.vision import datasets
+
+    if cfg.name.value == "synthetic":
+        ds = datasets.SyntheticCifar10(mode=mode, size=size, seed=int(cfg.seed))
+        return ds.as_tensors(), list(ds.classes)
+    try:
+        ds = datasets.Cifar10(mode=mode, download=download, root=str(cfg.root))
+    except Exception as e:  # noqa: BLE001 - network, missing or corrupt files: all end the same way
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(f"data=cifar10: CIFAR-10 ({mode}) is neither under data.root={cfg.root} nor "
+                          f"downloadable ({reason}); put the files there, or run offline with data=synthetic") from None
+    images, labels = ds.as_tensors()
+    if size is not None:
+        images, labels = images[:size], labels[:size]
+    return (images, labels), list(ds.classes)
+
+
+def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, world_size: int = 1,
+               rank: int = 0) -> Data:
+    """Load (rank 0 first: it downloads) and wrap both splits in :class:`fleetlite.io.TensorLoader`.
+
+    ``trainer.batch_size`` is global: each rank's loader takes ``batch_size // world_size``.
+    """
+    from fleetlite.io import TensorLoader
+
+    from .preflight import agree
+
+    splits: dict[str, Any] = {}
+    error = None
+    if rank == 0:  # rank 0 alone may download; the others read its files afterwards
+        try:
+            splits = {m: _load_split(cfg, m, cfg[f"{m}_size"], bool(cfg.download)) for m in ("train", "test")}
+        except ConfigError as e:
+            error = str(e)
+    error = agree(error)
+    if error:
+        raise ConfigError(error)
+    if rank != 0:
+        splits = {m: _load_split(cfg, m, cfg[f"{m}_size"], False) for m in ("train", "test")}
+    (x_train, y_train), classes = splits["train"]
+    (x_test, y_test), _ = splits["test"]
+    keep = device if cfg.on_device else None
+    common = dict(channels_last=bool(cfg.channels_last), device=keep, num_replicas=world_size, rank=rank,
+                  pad_mode=cfg.pad_mode.value)
+    train_bs = max(int(trainer_cfg.batch_size) // world_size, 1)
+    test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.batch_size) // world_size, 1)
+    train = TensorLoader(x_train, y_train, batch_size=train_bs, shuffle=True, drop_last=True,
+                         augment=bool(cfg.augment), seed=int(cfg.seed), **common)
+    test = TensorLoader(x_test, y_test, batch_size=test_bs, shuffle=False, drop_last=False, augment=False,
+                        seed=int(cfg.seed), **common)
+    if len(train) == 0:
+        raise ConfigError(f"data: {x_train.shape[0]} training samples make no full batch of "
+                          f"{train_bs} per rank ({world_size} ranks, trainer.batch_size={trainer_cfg.batch_size}); "
+                          "lower trainer.batch_size or raise data.train_size")
+    n = min(_WHITENING_IMAGES, x_train.shape[0])
+    plain = TensorLoader(x_train[:n], y_train[:n], batch_size=n, shuffle=False, augment=False, num_replicas=1,
+                         rank=0, device=keep)
+    whitening_images, _ = next(iter(plain))
+    return Data(train, test, classes, whitening_images)
+
+
+def build_model(cfg: DictConfig, num_classes: int, whitening_images: torch.Tensor | None = None) -> torch.nn.Module:
+    """The network ``model.name`` names; ``fast`` gets its whitening layer from ``whitening_images``."""
+    from fleetlite.vision.models import build_model as build
+
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("name", "whiten")}
+    model = build(cfg.name, num_classes=num_classes, **kwargs)
+    if cfg.name == "fast" and cfg.whiten and whitening_images is not None:
+        model.to(whitening_images.device).init_whitening(whitening_images)
+    return model
+
+
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """SGD (momentum, Nesterov), Adam or AdamW over the trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                               weight_decay=cfg.weight_decay)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg.name]
+    return cls(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def optimizer_steps_per_epoch(batches_per_epoch: int, strategy_cfg: DictConfig) -> int:
+    """Optimizer steps in one epoch: batches, divided by ``k_steps`` under gradient merge."""
+    k = int(strategy_cfg.gradient_merge_configs.k_steps) if strategy_cfg.gradient_merge else 1
+    return max(batches_per_epoch // k, 1)
+
+
+def _cos(start: float, end: float, pct: float) -> float:
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+
+def _lr_factor(cfg: DictConfig, steps_per_epoch: int, total: int) -> Callable[[int], float] | None:
+    if cfg.name == "cosine":
+        warm = int(round(float(cfg.warmup_epochs) * steps_per_epoch))
+        floor = float(cfg.min_lr_ratio)
+
+        def cosine(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            pct = min(1.0, (step - warm) / max(total - warm, 1))
+            return _cos(1.0, floor, pct)
+
+        return cosine
+    if cfg.name == "onecycle":  # torch's OneCycleLR phases (two, cosine), as a factor of optim.lr
+        rise_end = max(float(cfg.pct_start) * total - 1, 1e-12)
+        fall_end = max(total - 1, rise_end + 1e-12)
+        start, end = 1.0 / float(cfg.div_factor), 1.0 / (float(cfg.div_factor) * float(cfg.final_div_factor))
+
+        def one_cycle(step: int) -> float:
+            if step <= rise_end:
+                return _cos(start, 1.0, step / rise_end)
+            return _cos(1.0, end, min(1.0, (step - rise_end) / (fall_end - rise_end)))
+
+        return one_cycle
+    return None
+
+
+def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int):
+    """A per-optimizer-step ``LambdaLR`` for ``cosine``/``onecycle`` (None for ``none``).
+
+    One-cycle follows torch's ``OneCycleLR`` learning-rate shape (cosine up,
+    cosine down) without momentum cycling. Steps past the planned total keep
+    the final rate instead of failing.
+    """
+    factor = _lr_factor(cfg, steps_per_epoch, max(epochs * steps_per_epoch, 1))
+    return None if factor is None else torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_strategy(cfg: DictConfig):
+    """The ``fleet.DistributedStrategy`` the ``strategy`` group describes."""
+    from fleetlite.distributed.fleet import DistributedStrategy
+
+    return DistributedStrategy.from_dict(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+
+def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> list:
+    """The LR schedule, early stopping, metrics.csv, TensorBoard and checkpoints/, as configured.
+
+    Paths are absolute, inside ``run_dir``. The progress bar is the Trainer's
+    own (``fit(verbose=1)``, rank 0 only).
+    """
+    from fleetlite import callbacks as cb
+
+    c = cfg.callbacks
+    run_dir = Path(run_dir).resolve()
+    out: list = []
+    if scheduler is not None:
+        out.append(cb.LRScheduler(scheduler, by_step=True))
+    if c.early_stopping.enabled:
+        es = c.early_stopping
+        out.append(cb.EarlyStopping(monitor=es.monitor, patience=int(es.patience), min_delta=float(es.min_delta)))
+    if c.csv_logger:
+        out.append(cb.CSVLogger(str(run_dir / METRICS_FILE)))
+    if c.tensorboard:
+        out.append(cb.TensorBoard(str(run_dir / "tensorboard")))
+    if c.checkpoint:
+        out.append(cb.ModelCheckpoint(str(run_dir / CHECKPOINT_SUBDIR), save_freq=int(cfg.save_freq)))
+    return out

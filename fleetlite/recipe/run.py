@@ -1,0 +1,110 @@
+"""The life of one recipe job: where it runs and writes (start), and what it leaves behind (finish).
+
+``start_run`` is called first thing in the ``@hydra.main`` function. It
+initialises the process group (idempotent; the preflight usually did it),
+seeds every rank alike, picks the device, and settles the run directory
+(Hydra's output directory, the same on every rank; only rank 0 writes there)
+and the checkpoint ``resume=`` names. ``finish_run`` draws the training
+curves and prints the final lines on rank 0.
+
+Example::
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="cifar10")
+    def main(cfg):
+        run = start_run(cfg)
+        ...
+        finish_run(run, trainer.evaluate(data.test), plot=cfg.trainer.plot)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from .build import METRICS_FILE, PLOT_FILE, resolve_device
+from .preflight import agree
+from .validate import ConfigError, find_resume_checkpoint
+
+__all__ = ["Run", "start_run", "finish_run"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Where and how this job runs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    dir: Path                   # the run directory, identical on every rank
+    resume: Path | None         # checkpoint to continue from
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def start_run(cfg: DictConfig) -> Run:
+    """Process group, seed, device, run directory and resume checkpoint of this job (see the module doc)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from fleetlite.distributed import get_rank, get_world_size, init_parallel_env, read_env
+
+    env = read_env()
+    device = resolve_device(cfg.device.value, env.local_rank)
+    if env.world_size > 1:
+        init_parallel_env(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(int(cfg.seed))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    answer: dict[str, Any] = {}
+    if get_rank() == 0:
+        try:
+            ckpt = find_resume_checkpoint(cfg.resume, run_dir)
+            answer = {"resume": None if ckpt is None else str(ckpt)}
+        except ConfigError as e:
+            answer = {"error": str(e)}
+    answer = agree(answer)
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    resume = Path(answer["resume"]) if answer["resume"] else None
+    return Run(get_rank(), get_world_size(), env.local_rank, device, run_dir, resume)
+
+
+def _value(logs: dict[str, Any], *names: str) -> float:
+    for n in names:
+        if n in logs:
+            v = logs[n]
+            v = v[0] if isinstance(v, (list, tuple)) and v else v
+            return float(v.item() if hasattr(v, "item") else v)
+    return math.nan
+
+
+def finish_run(run: Run, final: dict[str, Any], plot: bool = True) -> dict[str, float]:
+    """Plot the curves from metrics.csv and print the final accuracy and the run directory (rank 0).
+
+    Returns ``{"acc": ..., "loss": ...}`` of the final evaluation on every rank.
+    """
+    result = {"acc": _value(final, "acc", "accuracy", "val_acc"), "loss": _value(final, "loss", "val_loss")}
+    if not run.is_main:
+        return result
+    from .plot import matplotlib_available, missing_note, plot_training_curves
+
+    lines = [f"final validation accuracy: {result['acc']:.4f} (loss {result['loss']:.4f})",
+             f"run directory: {run.dir}"]
+    csv_path = run.dir / METRICS_FILE
+    if plot and csv_path.exists():
+        if matplotlib_available():
+            png = plot_training_curves(csv_path, run.dir / PLOT_FILE, title=str(run.dir))
+            if png is not None:
+                lines.append(f"training curves: {png}")
+        else:
+            lines.append(missing_note())
+    print("\n".join(lines), flush=True)
+    return result

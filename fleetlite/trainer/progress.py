@@ -113,11 +113,13 @@ class ProgressBar(Callback):
     def _start_rich(self) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.table import Column
 
         console = Console(file=self._out(), force_terminal=True if self.use_rich else None)
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=console,
-                                  transient=False)
+        # fixed-width columns first: on a narrow terminal only the metrics text is shortened
+        info = TextColumn("{task.fields[info]}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"))
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                  TimeRemainingColumn(), info, console=console, transient=False, expand=True)
         self._progress.start()
         self._task = self._progress.add_task(self._desc, total=self._total or None, completed=self._done,
                                              info="")
@@ -134,7 +136,7 @@ class ProgressBar(Callback):
         rate, left = self._throughput()
         info = format_logs(logs)
         if self._progress is not None:
-            self._progress.update(self._task, completed=self._done, info=f"{info} - {rate:.1f} samples/s")
+            self._progress.update(self._task, completed=self._done, info=f"{rate:.1f} samples/s - {info}")
         else:
             total = f"/{self._total}" if self._total else ""
             self._line(f"{self._desc} step {self._done}{total} - {info} - {rate:.1f} samples/s - ETA {_hms(left)}")

@@ -217,6 +217,10 @@ class AmpHelper:
         ``grad_divisor`` divides the gradients before the step (gradient merge
         averaging). Returns True when the optimizer stepped.
         """
+        if isinstance(getattr(optimizer, "amp", None), AmpHelper) and optimizer.amp is not self:
+            raise ValueError("this optimizer comes from fleet.distributed_optimizer and applies amp itself; call "
+                             "optimizer.backward(loss) and optimizer.step() (or optimizer.minimize(loss)) instead "
+                             "of going through another AmpHelper")
         if not self.uses_scaler:
             _divide_grads(optimizer, grad_divisor)
             optimizer.step()

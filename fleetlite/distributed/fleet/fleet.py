@@ -167,15 +167,19 @@ def _to_float32(value: Any) -> Any:
 
 
 class _AutocastForward:
-    """A module's forward under ``torch.autocast``, floating outputs returned in float32 (strategy.amp)."""
+    """A module's forward under ``torch.autocast``, floating outputs returned in float32 (strategy.amp).
 
-    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    The autocast device type follows the module's parameters at each call, so moving the model after
+    ``distributed_model`` (e.g. ``.cuda()``) keeps amp on the right device.
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
         self.original = module.forward
-        self.device_type = device_type
+        self.module = module
         self.dtype = dtype
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(self.device_type, dtype=self.dtype):
+        with torch.autocast(_first_device(self.module).type, dtype=self.dtype):
             out = self.original(*args, **kwargs)
         return _to_float32(out)
 
@@ -212,7 +216,7 @@ def distributed_model(model: nn.Module) -> nn.Module:
 
         apply_recompute(model, strategy.recompute_configs["checkpoints"])
     if strategy.amp:
-        model.forward = _AutocastForward(model, _first_device(model).type, DTYPES[strategy.amp_configs["dtype"]])
+        model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
     fused = strategy.fuse_all_reduce_ops
     dp = DataParallel(
         model,

@@ -142,6 +142,8 @@ def test_float16_without_loss_scaling_is_refused(single):
         opt.step()
     amp = fleet.amp.from_strategy(device="cpu")  # the strategy kept by fleet.init
     assert amp.uses_scaler and amp.scaler.get_scale() == 32768.0
+    with pytest.raises(ValueError, match="applies amp itself"):
+        amp.step(opt)
 
 
 def test_distributed_scaler_keeps_torch_settings():

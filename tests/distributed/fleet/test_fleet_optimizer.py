@@ -83,6 +83,12 @@ def _sharding(rank, world):
     plain.load_state_dict(full_state)
     state_diff = max(max_diff(plain.state_dict()["state"][i], ref_opt.state_dict()["state"][i])
                      for i in ref_opt.state_dict()["state"])
+    opt.set_state_dict(full_state)  # ZeroRedundancyOptimizer re-partitions the full state; training goes on exactly
+    x, y = batch(7, rank)
+    for m, o in ((model, opt), (ref, ref_opt)):
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+        o.zero_grad()
     largest = max(p.numel() for p in net.parameters()) * 2  # exp_avg + exp_avg_sq of the biggest parameter
     return (max_diff(params_of(model), params_of(ref)), _state_numel(opt.state), _state_numel(ref_opt.state),
             largest, state_diff, opt.get_lr(), ref_opt.param_groups[0]["lr"], type(opt.inner_opt).__name__)

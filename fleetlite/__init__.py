@@ -23,6 +23,7 @@ _LAZY = {
     "io": ("fleetlite.io", None),
     "vision": ("fleetlite.vision", None),
     "static": ("fleetlite.static", None),
+    "nn": ("fleetlite.nn", None),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -58,7 +58,7 @@ def _context():
     if _CTX is None:
         _CTX = _mp.get_context("forkserver")
         # the fork server imports torch once; every rank is then a cheap fork of a torch-ready process
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "fleetlite.distributed"])
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "fleetlite.distributed"])
     return _CTX
 
 

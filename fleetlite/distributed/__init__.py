@@ -48,7 +48,7 @@ __all__ = [
 
 def __getattr__(name):
     if name == "fleet":  # imported lazily: the facade pulls in the engine
-        from . import fleet
+        import importlib
 
-        return fleet
+        return importlib.import_module(f"{__name__}.fleet")
     raise AttributeError(f"module 'fleetlite.distributed' has no attribute {name!r}")

@@ -1,0 +1,155 @@
+"""Trainer.fit against a hand-written loop: epoch time with the same model, data pipeline, engine and optimizer.
+
+Both loops run in the same process(es), on the same kind of data (the
+TensorLoader pipeline over synthetic CIFAR-10), with the model wrapped by
+``fleet.distributed_model`` and the optimizer by ``fleet.distributed_optimizer``
+(what the Trainer does itself), one thread per rank. They are timed
+alternately in blocks of a few epochs, so machine noise hits both alike; the
+Trainer's time is the wall time of a whole ``fit(epochs=E)`` call (setup,
+callbacks, progress line, epoch-end reduction included). The hand loop logs
+its running loss every ``log_freq`` steps like the Trainer's progress bar
+(both to /dev/null). Single process and 2 ranks (gloo).
+
+    python benchmarks/trainer_overhead.py [--blocks 4] [--epochs 2] [--samples 1024] [--batch 64]
+
+Prints a table of ratios (Trainer / hand loop; target <= 1.03) and writes
+benchmarks/results/trainer_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fleetlite.testing import run_ranks  # noqa: E402
+
+
+def _setup(samples: int, batch: int, seed: int):
+    from fleetlite.io.loader import TensorLoader
+    from fleetlite.vision.datasets import SyntheticCifar10
+    from fleetlite.vision.models import tutorial_cnn
+
+    x, y = SyntheticCifar10(mode="train", size=samples).as_tensors()
+    torch.manual_seed(seed)
+    net = tutorial_cnn(10)
+    return net, TensorLoader(x, y, batch, shuffle=True, augment=True, seed=seed)
+
+
+def _hand_epochs(model, opt, loader, epochs: int, start: int, log_freq: int, sink) -> None:
+    for epoch in range(start, start + epochs):
+        loader.set_epoch(epoch)
+        model.train()
+        total, count = torch.zeros((), dtype=torch.float64), 0
+        for step, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            total += loss.detach().double() * y.shape[0]
+            count += y.shape[0]
+            if (step + 1) % log_freq == 0:
+                print(f"epoch {epoch} step {step + 1} loss {(total / count).item():.4f}", file=sink, flush=True)
+
+
+def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
+            log_freq: int) -> dict:
+    torch.set_num_threads(1)
+    import importlib
+
+    import fleetlite
+    from fleetlite.trainer.callbacks import ProgressBar
+
+    fleet = importlib.import_module("fleetlite.distributed.fleet")  # the facade, as the Trainer uses it
+    fleet.init(is_collective=True)
+    hand_net, hand_loader = _setup(samples, batch, seed=0)
+    model = fleet.distributed_model(hand_net)
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    tr_net, tr_loader = _setup(samples, batch, seed=0)
+    trainer = fleetlite.Trainer(tr_net, torch.optim.SGD(tr_net.parameters(), lr=lr, momentum=0.9),
+                                torch.nn.CrossEntropyLoss(), device="cpu")
+    sink = open(os.devnull, "w")
+    bar = [ProgressBar(stream=sink, log_freq=log_freq)]
+    # warm-up: one epoch each (first-call costs: autograd, allocator, lazy imports)
+    _hand_epochs(model, opt, hand_loader, 1, 0, log_freq, sink)
+    trainer.fit(tr_loader, epochs=1, callbacks=bar, log_freq=log_freq)
+    hand, ours = [], []
+    for b in range(blocks):
+        fleetlite.distributed.barrier()
+        t0 = time.perf_counter()
+        _hand_epochs(model, opt, hand_loader, epochs, 1 + b * epochs, log_freq, sink)
+        fleetlite.distributed.barrier()
+        t1 = time.perf_counter()
+        trainer.fit(tr_loader, epochs=epochs, callbacks=bar, log_freq=log_freq)
+        fleetlite.distributed.barrier()
+        t2 = time.perf_counter()
+        hand.append((t1 - t0) / epochs)
+        ours.append((t2 - t1) / epochs)
+    sink.close()
+    return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(tr_loader)}
+
+
+def summarize(ranks: int, res: dict) -> dict:
+    ratios = [t / h for t, h in zip(res["trainer_s"], res["hand_s"])]
+    return {"ranks": ranks, "steps_per_epoch": res["steps_per_epoch"], "hand_s": res["hand_s"],
+            "trainer_s": res["trainer_s"], "hand_median_s": statistics.median(res["hand_s"]),
+            "trainer_median_s": statistics.median(res["trainer_s"]), "block_ratios": ratios,
+            "ratio": statistics.median(ratios)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=2, help="epochs per timed block")
+    ap.add_argument("--samples", type=int, default=2048, help="training images per epoch (all ranks)")
+    ap.add_argument("--batch", type=int, default=64, help="batch size per rank")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--log-freq", type=int, default=10)
+    ap.add_argument("--ranks", default="1,2", help="comma-separated world sizes to measure")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                  "trainer_overhead.json"))
+    args = ap.parse_args()
+    cfg = (args.blocks, args.epochs, args.samples, args.batch, args.lr, args.log_freq)
+    rows = []
+    for world in (int(w) for w in args.ranks.split(",")):
+        if world == 1:
+            # a fresh process too, so both settings start from the same state
+            res = run_ranks(measure, world_size=1, args=cfg, timeout=1800, init=False)[0]
+        else:
+            res = run_ranks(measure, world_size=world, args=cfg, timeout=1800)[0]
+        rows.append(summarize(world, res))
+        print(f"{world} rank(s): hand {rows[-1]['hand_median_s']:.3f} s/epoch, Trainer "
+              f"{rows[-1]['trainer_median_s']:.3f} s/epoch", flush=True)
+    header = f"{'ranks':>5} {'steps/epoch':>11} {'hand s/epoch':>12} {'Trainer s/epoch':>15} {'ratio':>6} {'target':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ok = "ok" if r["ratio"] <= 1.03 else "MISSED"
+        print(f"{r['ranks']:>5} {r['steps_per_epoch']:>11} {r['hand_median_s']:>12.3f} {r['trainer_median_s']:>15.3f} "
+              f"{r['ratio']:>6.3f} {'<=1.03 ' + ok:>7}")
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    out = {"benchmark": "trainer_overhead", "model": "tutorial_cnn (Paddle quick-start CNN)",
+           "data": "TensorLoader over SyntheticCifar10, crop+flip", "config": config, "results": rows,
+           "torch": str(torch.__version__), "machine": f"{platform.machine()} {os.cpu_count()} cores",
+           "note": "ratio = median over blocks of (Trainer block time / hand-loop block time), same processes"}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,8 @@ def train(cfg: DictConfig) -> float:
     data = build_data(cfg.data, cfg.trainer, run.device, run.world_size, run.rank)
 
     # 3. model
-    model = build_model(cfg.model, num_classes=len(data.classes), whitening_images=data.whitening_images)
+    model = build_model(cfg.model, num_classes=len(data.classes), whitening_images=data.whitening_images,
+                        channels_last=cfg.data.channels_last)
 
     # 4. strategy (a fleet.DistributedStrategy), optimizer and learning-rate schedule
     strategy = build_strategy(cfg.strategy)

@@ -114,14 +114,20 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
     return Data(train, test, classes, whitening_images)
 
 
-def build_model(cfg: DictConfig, num_classes: int, whitening_images: torch.Tensor | None = None) -> torch.nn.Module:
-    """The network ``model.name`` names; ``fast`` gets its whitening layer from ``whitening_images``."""
+def build_model(cfg: DictConfig, num_classes: int, whitening_images: torch.Tensor | None = None,
+                channels_last: bool = False) -> torch.nn.Module:
+    """The network ``model.name`` names; ``fast`` gets its whitening layer from ``whitening_images``.
+
+    ``channels_last`` puts the weights in NHWC, to match channels-last input batches.
+    """
     from fleetlite.vision.models import build_model as build
 
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("name", "whiten")}
     model = build(cfg.name, num_classes=num_classes, **kwargs)
     if cfg.name == "fast" and cfg.whiten and whitening_images is not None:
         model.to(whitening_images.device).init_whitening(whitening_images)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     return model
 
 

@@ -102,6 +102,8 @@ def test_models_from_the_groups():
     fast = build_model(_compose("model=fast", "model.widths=[8,8,8]", "model.whiten=false").model, num_classes=10,
                        whitening_images=torch.randn(64, 3, 32, 32))
     assert fast.whiten.weight.requires_grad  # whitening off: the first layer stays a trainable conv
+    nhwc = build_model(_compose("model=tutorial_cnn").model, num_classes=10, channels_last=True)
+    assert nhwc.conv2.weight.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_strategy_and_steps_per_epoch_under_gradient_merge():

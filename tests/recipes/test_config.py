@@ -44,14 +44,15 @@ def test_groups_hold_the_documented_options():
     assert _options("sched") == ["cosine", "none", "onecycle"]
     assert _options("strategy") == ["amp_bf16", "amp_fp16", "default", "grad_merge", "recompute", "sharding"]
     assert "default" in _options("trainer")
+    assert _options("experiment") == ["airbench"]
 
 
-@pytest.mark.parametrize("group", ["data", "model", "optim", "sched", "strategy", "trainer"])
+@pytest.mark.parametrize("group", ["data", "model", "optim", "sched", "strategy", "trainer", "experiment"])
 def test_every_option_composes_and_passes_the_checks(group):
     for option in _options(group):
         cfg = _compose(f"{group}={option}")
         check_config(cfg, world_size=2)
-        assert OmegaConf.select(cfg, f"{group}") is not None
+        assert group == "experiment" or OmegaConf.select(cfg, group) is not None
 
 
 def test_defaults_are_the_documented_ones():
@@ -156,3 +157,12 @@ def test_run_dir_under_a_file_is_not_writable(tmp_path):
     with pytest.raises(ConfigError, match="is not writable"):
         check_run_dir(tmp_path / "file" / "run")
     assert check_run_dir(tmp_path / "a" / "b").is_dir()
+
+
+def test_airbench_experiment_sets_every_group_it_names():
+    cfg = _compose("experiment=airbench")
+    check_config(cfg, world_size=1)
+    assert (cfg.model.name, cfg.optim.name, cfg.sched.name) == ("fast", "sgd", "onecycle")
+    assert cfg.strategy.amp and cfg.strategy.amp_configs.dtype.value == "bfloat16"
+    assert cfg.data.channels_last and cfg.trainer.batch_size == 1024 and cfg.trainer.label_smoothing == 0.2
+    assert "experiment" not in cfg  # a preset, not a config key

@@ -112,8 +112,8 @@ def normalize(images: torch.Tensor, mean: Sequence[float] = CIFAR10_MEAN, std: S
     """``(images / 255 - mean) / std`` per channel for a uint8 ``(B, C, H, W)`` batch, as ``dtype``.
 
     Matches torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` up to
-    float rounding; the layout is converted on the uint8 data when
-    ``channels_last`` (four times less memory traffic than on floats).
+    float rounding. With ``channels_last`` the float result is laid out
+    NHWC (converting the floats is ~3x faster here than permuting uint8).
     """
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise ValueError(f"normalize expects a uint8 (B, C, H, W) batch, got {images.dtype} of shape "
@@ -126,10 +126,9 @@ def normalize(images: torch.Tensor, mean: Sequence[float] = CIFAR10_MEAN, std: S
     std_t = torch.tensor(std, dtype=torch.float64)
     scale = (1.0 / (255.0 * std_t)).to(images.device, dtype).view(1, c, 1, 1)
     bias = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(images.device, dtype).view(1, c, 1, 1)
-    if channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
     # convert, then scale and shift in place: ~3x faster than a uint8 * float multiply with type promotion
-    return images.to(dtype).mul_(scale).add_(bias)
+    out = images.to(dtype).mul_(scale).add_(bias)
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
 
 
 def __getattr__(name: str):

@@ -62,8 +62,10 @@ def _load_split(cfg: DictConfig, mode: str, size: int | None, download: bool):
         ds = datasets.Cifar10(mode=mode, download=download, root=str(cfg.root))
     except Exception as e:  # noqa: BLE001 - network, missing or corrupt files: all end the same way
         reason = " ".join(str(e).split()) or type(e).__name__
-        raise ConfigError(f"data=cifar10: CIFAR-10 ({mode}) is neither under data.root={cfg.root} nor "
-                          f"downloadable ({reason}); put the files there, or run offline with data=synthetic") from None
+        how = "the download failed" if download else "data.download=false"
+        raise ConfigError(f"data=cifar10: no CIFAR-10 {mode} split under data.root={cfg.root} and {how} ({reason}); "
+                          "put cifar-10-python.tar.gz or its cifar-10-batches-py/ folder under data.root, "
+                          "or run offline with data=synthetic") from None
     images, labels = ds.as_tensors()
     if size is not None:
         images, labels = images[:size], labels[:size]

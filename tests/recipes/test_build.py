@@ -128,3 +128,34 @@ def test_cosine_formula_spot_value():
     opt = _opt(1.0)
     lrs = _lrs(build_scheduler(cfg.sched, opt, epochs=1, steps_per_epoch=4), opt, 3)
     assert lrs == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5])
+
+
+def test_synthetic_data_is_split_across_ranks_with_the_global_batch():
+    from fleetlite.recipe.build import build_data
+
+    cfg = _compose("data=synthetic", "data.train_size=200", "data.test_size=50", "trainer.batch_size=40",
+                   "trainer.eval_batch_size=20")
+    data = build_data(cfg.data, cfg.trainer, torch.device("cpu"), world_size=2, rank=1)
+    assert data.train.batch_size == 20 and len(data.train) == 5  # 200 samples / (20 per rank x 2 ranks)
+    assert data.test.batch_size == 10 and len(data.classes) == 10
+    x, y = next(iter(data.train))
+    assert x.shape == (20, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert data.whitening_images.shape == (200, 3, 32, 32)
+    assert abs(float(data.whitening_images.mean())) < 1.0  # normalised, not 0..255
+
+
+def test_real_cifar10_missing_offline_says_so_and_suggests_synthetic(tmp_path):
+    from fleetlite.recipe.build import build_data
+
+    cfg = _compose("data=cifar10", f"data.root={tmp_path}", "data.download=false")
+    with pytest.raises(ConfigError, match=r"^data=cifar10: no CIFAR-10 train split under data.root=.* and "
+                                          r"data.download=false \(.*\); .*or run offline with data=synthetic$"):
+        build_data(cfg.data, cfg.trainer, torch.device("cpu"))
+
+
+def test_too_few_samples_for_one_batch():
+    from fleetlite.recipe.build import build_data
+
+    cfg = _compose("data=synthetic", "data.train_size=30", "data.test_size=10", "trainer.batch_size=64")
+    with pytest.raises(ConfigError, match="make no full batch of 32 per rank"):
+        build_data(cfg.data, cfg.trainer, torch.device("cpu"), world_size=2, rank=0)

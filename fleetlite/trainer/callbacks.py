@@ -38,7 +38,7 @@ from .model_checkpoint import ModelCheckpoint
 from .progress import ProgressBar
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
-           "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text"]
+           "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks"]
 
 
 class LRScheduler(Callback):
@@ -235,3 +235,24 @@ class TensorBoard(Callback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int, train, batch_size: int,
+                    history: bool = True) -> CallbackList:
+    """The callbacks of one fit/evaluate/predict call: the user's, plus History, a ProgressBar (unless
+    ``verbose=0`` or one is given) and, with ``fit(save_dir=...)``, an epoch ModelCheckpoint."""
+    given = list(callbacks or [])
+    for cb in given:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks must be fleetlite.callbacks.Callback instances, got {type(cb).__name__}")
+    extra: list[Callback] = []
+    if history and not any(isinstance(cb, History) for cb in given):
+        extra.append(History())
+    if verbose and not any(isinstance(cb, ProgressBar) for cb in given):
+        extra.append(ProgressBar(log_freq=log_freq, verbose=verbose))
+    if history and trainer.save_dir is not None and not any(isinstance(cb, ModelCheckpoint) for cb in given):
+        given.append(ModelCheckpoint(save_dir=str(trainer.save_dir)))
+    steps = train.length() if train is not None else None
+    params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq, "batch_size": batch_size,
+              "world_size": trainer._connector.world_size}
+    return CallbackList(extra + given, trainer=trainer, params=params)

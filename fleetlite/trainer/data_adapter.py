@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-__all__ = ["DataAdapter", "batch_length"]
+__all__ = ["DataAdapter", "batch_length", "to_device"]
 
 
 def batch_length(batch: Any) -> int:
@@ -41,6 +41,19 @@ def batch_length(batch: Any) -> int:
             if n:
                 return n
     return 0
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a (nested) batch to ``device`` (non-blocking; tensors already there are kept)."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(b, device) for b in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
 
 
 def _is_tensor_pipeline(data: Any) -> bool:

@@ -19,7 +19,35 @@ from .data_adapter import DataAdapter, batch_length
 from .metrics import reduce_sums
 from .state import rank_entry, restore_rng
 
-__all__ = ["run_fit", "run_evaluate", "run_predict"]
+__all__ = ["run_fit", "run_evaluate", "run_predict", "metric_logs"]
+
+
+def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
+    """``{name: value}`` of every metric; ``lazy`` allows device tensors (no sync; per-batch logs)."""
+    logs: dict[str, Any] = {}
+    for m in metrics:
+        values = m.accumulate_tensor() if lazy else m.accumulate()
+        if isinstance(values, torch.Tensor):
+            values = list(values.unbind()) if values.dim() else [values]
+        values = values if isinstance(values, (list, tuple)) else [values]
+        logs.update(zip(m.names(), values))
+    return logs
+
+
+def _record_train(t, out: dict[str, Any], n: int) -> dict[str, Any]:
+    """Add a training batch to the epoch's running sums; the batch hook's logs (Keras: running values)."""
+    if not isinstance(out, dict) or "loss" not in out:
+        raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
+    loss = out["loss"].detach()
+    acc = t._train_accum
+    # running sums stay on the loss's device: no device sync per step (read at log time / epoch end)
+    acc["loss_sum"] = acc["loss_sum"].to(loss.device) + loss.to(torch.float64) * n
+    acc["count"] += n
+    logs = {"loss": acc["loss_sum"] / max(acc["count"], 1)}
+    logs.update(metric_logs(t.metrics, lazy=True))
+    logs.update({k: v for k, v in out.items() if k != "loss"})
+    logs["batch_size"] = n
+    return logs
 
 
 def _epoch_logs(t, reduce: bool) -> dict[str, Any]:
@@ -28,7 +56,7 @@ def _epoch_logs(t, reduce: bool) -> dict[str, Any]:
     if reduce:
         extra = reduce_sums(t.metrics, extra)
     logs = {"loss": float(extra[0] / max(extra[1].item(), 1.0))}
-    logs.update(t._metric_logs())
+    logs.update(metric_logs(t.metrics))
     return logs
 
 
@@ -117,7 +145,7 @@ def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, 
                 out = t.train_step(batch)
             if t.at_step_boundary:
                 micro = 0
-            step_logs = t._record_train(out, n)
+            step_logs = _record_train(t, out, n)
             t.batch_in_epoch += 1
             t._pass_index += 1
             if t.at_step_boundary:
@@ -175,18 +203,18 @@ def run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
                 loss = out.get("loss")
                 if loss is not None:
                     weight = 1 if getattr(t.loss_fn, "reduction", "mean") == "sum" else n
-                    loss_sum += loss.detach().to(torch.float64).cpu() * weight
+                    loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64) * weight
                 count += n
                 callbacks.on_eval_batch_end(i, {"loss": loss, "batch_size": n})
     finally:
         module.train(was_training)
-    extra = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64)])
+    extra = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
     if data.sharded:
         extra = reduce_sums(t.metrics, extra)
     logs: dict[str, Any] = {}
     if t.loss_fn is not None:
         logs["loss"] = float(extra[0] / max(extra[1].item(), 1.0))
-    logs.update(t._metric_logs())
+    logs.update(metric_logs(t.metrics))
     callbacks.on_eval_end(logs)
     return logs
 

@@ -50,7 +50,7 @@ class Metric:
                 self.add_state("count", torch.zeros((), dtype=torch.float64))
 
             def update(self, pred, label):
-                self.abs_sum += (pred.flatten() - label.flatten()).abs().sum().double().cpu()
+                self.abs_sum += (pred.flatten() - label.flatten()).abs().sum().double().cpu()  # or keep on device
                 self.count += label.numel()
 
             def accumulate(self):
@@ -85,8 +85,8 @@ class Metric:
             setattr(self, name, default.clone())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The registered states (tensors, checkpoint-safe)."""
-        return {n: getattr(self, n).clone() for n in self.state_names()}
+        """The registered states (CPU tensors, checkpoint-safe)."""
+        return {n: getattr(self, n).detach().cpu().clone() for n in self.state_names()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         missing = set(self.state_names()) - set(state)
@@ -109,6 +109,13 @@ class Metric:
 
     def name(self):
         raise NotImplementedError(f"{type(self).__name__} must implement name()")
+
+    def accumulate_tensor(self):
+        """Like :meth:`accumulate`, but may return device tensors so that per-batch logs need no device sync.
+
+        The Trainer uses it for the running values it passes to batch hooks; the default calls ``accumulate``.
+        """
+        return self.accumulate()
 
     def names(self) -> list[str]:
         """``name()`` as a list."""
@@ -156,13 +163,21 @@ class Accuracy(Metric):
         top = pred.reshape(-1, pred.shape[-1]).topk(self.maxk, dim=-1).indices
         return (top == label.reshape(-1, 1).to(top.device)).to(torch.float32)
 
-    def update(self, correct: torch.Tensor, *args) -> float | list[float]:
+    def update(self, correct: torch.Tensor, *args) -> torch.Tensor:
+        """Add a batch; returns the batch's accuracy per k (a tensor on the batch's device, no sync).
+
+        The sums stay on the batch's device until they are read or reduced.
+        """
         correct = correct.detach()
         n = correct.shape[0]
-        sums = torch.stack([correct[:, :k].sum() for k in self.topk]).to(torch.float64).cpu()
-        self.correct += sums
-        self.count += n
-        accs = (sums / max(n, 1)).tolist()
+        sums = torch.stack([correct[:, :k].sum() for k in self.topk]).to(torch.float64)
+        self.correct = self.correct.to(sums.device) + sums
+        self.count = self.count.to(sums.device) + n
+        accs = sums / max(n, 1)
+        return accs[0] if len(self.topk) == 1 else accs
+
+    def accumulate_tensor(self) -> torch.Tensor:
+        accs = self.correct / self.count.clamp(min=1)
         return accs[0] if len(self.topk) == 1 else accs
 
     def accumulate(self) -> float | list[float]:
@@ -190,7 +205,7 @@ def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) ->
                 f"metric {type(m).__name__} ({m.names()}) registers no summable state, so it cannot be combined "
                 "exactly across ranks (averaging per-rank values would be wrong). Register its counts in "
                 "__init__ with self.add_state('name', torch.zeros(...)) and update them in update().")
-        parts.extend(getattr(m, n).reshape(-1).to(torch.float64) for n in m.state_names())
+        parts.extend(getattr(m, n).reshape(-1).to(torch.float64).cpu() for n in m.state_names())
     if extra is not None:
         parts.append(extra.reshape(-1).to(torch.float64).cpu())
     if not parts:

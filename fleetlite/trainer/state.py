@@ -43,7 +43,8 @@ from .checkpoint import (
     save_checkpoint,
 )
 
-__all__ = ["build_state", "write_state", "resolve_resume", "read_resume", "REQUIRED"]
+__all__ = ["build_state", "write_state", "resolve_resume", "read_resume", "restore_for_fit", "load_weights",
+           "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -199,3 +200,72 @@ def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[
 def restore_rng(entry: dict[str, Any] | None) -> None:
     if entry is not None:
         restore_rng_state(entry)
+
+
+def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
+    """Load ``path`` into trainer ``t`` before ``fit`` runs: model, optimizer, scaler, data position, progress.
+
+    Callback states, RNG states and the epoch's partial sums are put back by
+    the loop (Note [resume order]). Raises ``CheckpointError`` naming the file
+    when it does not fit the model or the run.
+    """
+    s = read_resume(path)
+    world = t._connector.world_size
+    if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
+        raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
+                                    "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
+                                    "a TensorLoader)")
+    try:
+        t.network.load_state_dict(s["model"], strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(path, f"incompatible with this model: {e}") from None
+    try:
+        if s.get("optimizer") is not None:
+            t.optimizer.load_state_dict(s["optimizer"])
+        amp = getattr(t.optimizer, "amp", None)
+        if s.get("scaler") and amp is not None:
+            amp.load_state_dict(s["scaler"])
+        if s.get("data") is not None:
+            train.load_position(s["data"])
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(path, f"incompatible with this run: {e}") from None
+    p = s["progress"]
+    t.epoch, t.global_step = int(p["epoch"]), int(p["global_step"])
+    t.batch_in_epoch, t.epoch_finished = int(p["batch_in_epoch"]), bool(p["epoch_finished"])
+    return s
+
+
+def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
+    """``Trainer.load``: weights from a checkpoint or a plain state_dict file, then the optimizer state."""
+    path = Path(path)
+    if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
+        path = path.with_suffix(".pt")
+    try:
+        s = load_checkpoint(path)
+        weights = s["model"]
+    except CheckpointError as e:
+        if "not a fleetlite checkpoint" not in e.problem:
+            raise
+        s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
+        if not isinstance(weights, dict):
+            raise
+    own = t.network.state_dict()
+    if skip_mismatch:
+        bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
+        if bad:
+            warnings.warn(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}",
+                          stacklevel=3)
+        own.update({k: v for k, v in weights.items() if k not in bad})
+        weights = own
+    try:
+        t.network.load_state_dict(weights, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
+                                    f"matches): {e}") from None
+    if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
+        t._prepare(training=True)
+        try:
+            t.optimizer.load_state_dict(s["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
+                                        "reset_optimizer=True to load the weights only") from None

@@ -11,7 +11,6 @@ public API.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -317,26 +316,6 @@ class Trainer:
         return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
 
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
-    def _make_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history=True) -> CallbackList:
-        from .model_checkpoint import ModelCheckpoint
-        from .progress import ProgressBar
-
-        given = list(callbacks or [])
-        for cb in given:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"callbacks must be fleetlite.callbacks.Callback instances, got {type(cb).__name__}")
-        extra: list[Callback] = []
-        if history and not any(isinstance(cb, History) for cb in given):
-            extra.append(History())
-        if verbose and not any(isinstance(cb, ProgressBar) for cb in given):
-            extra.append(ProgressBar(log_freq=log_freq, verbose=verbose))
-        if history and self.save_dir is not None and not any(isinstance(cb, ModelCheckpoint) for cb in given):
-            given.append(ModelCheckpoint(save_dir=str(self.save_dir)))
-        steps = train.length() if train is not None else None
-        params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq,
-                  "batch_size": batch_size, "world_size": self._connector.world_size}
-        return CallbackList(extra + given, trainer=self, params=params)
-
     def request_save(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current hook has reached every callback (Note [checkpoint timing])."""
         self._pending.append(fn)
@@ -366,63 +345,25 @@ class Trainer:
         return a.position(self._pass_index) if a.resumable else None
 
     def _restore(self, path: Path, train: DataAdapter) -> dict[str, Any]:
-        from . import state as st
-        from .checkpoint import CheckpointError
+        from .state import restore_for_fit
 
-        s = st.read_resume(path)
-        if s["world_size"] != self._connector.world_size and not train.resumable \
-                and not s["progress"]["epoch_finished"]:
-            raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on "
-                                        f"{self._connector.world_size} ranks needs training data with a "
-                                        "DistributedBatchSampler (a Dataset, such a DataLoader or a TensorLoader)")
-        try:
-            self._load_model_state(s["model"], strict=True)
-        except RuntimeError as e:
-            raise CheckpointError(path, f"incompatible with this model: {e}") from None
-        try:
-            if s.get("optimizer") is not None:
-                self.optimizer.load_state_dict(s["optimizer"])
-            amp = getattr(self.optimizer, "amp", None)
-            if s.get("scaler") and amp is not None:
-                amp.load_state_dict(s["scaler"])
-            if s.get("data") is not None:
-                train.load_position(s["data"])
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(path, f"incompatible with this run: {e}") from None
-        p = s["progress"]
-        self.epoch, self.global_step = int(p["epoch"]), int(p["global_step"])
-        self.batch_in_epoch, self.epoch_finished = int(p["batch_in_epoch"]), bool(p["epoch_finished"])
-        return s
+        return restore_for_fit(self, path, train)
 
-    def _load_model_state(self, weights: dict[str, Any], strict: bool = True) -> None:
-        self.network.load_state_dict(weights, strict=strict)
+    def _make_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history=True) -> CallbackList:
+        from .callbacks import build_callbacks
+
+        return build_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history)
+
+    def _to_device(self, batch: Any) -> Any:
+        from .data_adapter import to_device
+
+        return to_device(batch, self.device)
 
     # -- training accumulators ----------------------------------------------------------------------------------
     def _reset_train_accum(self) -> None:
         self._train_accum = {"loss_sum": torch.zeros((), dtype=torch.float64), "count": 0}
         for m in getattr(self, "metrics", []):
             m.reset()
-
-    def _record_train(self, out: dict[str, Any], n: int) -> dict[str, Any]:
-        if not isinstance(out, dict) or "loss" not in out:
-            raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
-        loss = out["loss"].detach()
-        acc = self._train_accum
-        acc["loss_sum"] = acc["loss_sum"] + loss.to(torch.float64).cpu() * n
-        acc["count"] += n
-        logs = {"loss": acc["loss_sum"] / max(acc["count"], 1)}
-        logs.update(self._metric_logs())
-        logs.update({k: v for k, v in out.items() if k != "loss"})
-        logs["batch_size"] = n
-        return logs
-
-    def _metric_logs(self) -> dict[str, Any]:
-        logs: dict[str, Any] = {}
-        for m in self.metrics:
-            values = m.accumulate()
-            values = values if isinstance(values, (list, tuple)) else [values]
-            logs.update(zip(m.names(), values))
-        return logs
 
     def _flush_accumulation(self) -> None:
         from ..distributed.fleet.utils import fused_allreduce_gradients
@@ -431,18 +372,6 @@ class Trainer:
         fused_allreduce_gradients(params, None)
         self.at_step_boundary = True
         self.optimizer_step()
-
-    def _to_device(self, batch: Any) -> Any:
-        dev = self.device
-        if isinstance(batch, torch.Tensor):
-            return batch if batch.device == dev else batch.to(dev, non_blocking=True)
-        if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-            return type(batch)(*(self._to_device(b) for b in batch))
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self._to_device(b) for b in batch)
-        if isinstance(batch, dict):
-            return {k: self._to_device(v) for k, v in batch.items()}
-        return batch
 
     # -- weights, save/load, summary ----------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -480,41 +409,9 @@ class Trainer:
         does not match the model instead of failing. Training progress is not
         restored: use ``fit(resume=path)`` for that.
         """
-        from .checkpoint import CheckpointError, load_checkpoint
+        from .state import load_weights
 
-        path = Path(path)
-        if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
-            path = path.with_suffix(".pt")
-        try:
-            s = load_checkpoint(path)
-            weights = s["model"]
-        except CheckpointError as e:
-            if "not a fleetlite checkpoint" not in e.problem:
-                raise
-            s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
-            if not isinstance(weights, dict):
-                raise
-        own = self.network.state_dict()
-        if skip_mismatch:
-            bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
-            if bad:
-                warnings.warn(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}",
-                              stacklevel=2)
-            weights = {k: v for k, v in weights.items() if k not in bad}
-            own.update(weights)
-            weights = own
-        try:
-            self._load_model_state(weights, strict=True)
-        except RuntimeError as e:
-            raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
-                                        f"matches): {e}") from None
-        if not reset_optimizer and s.get("optimizer") is not None and self.user_optimizer is not None:
-            self._prepare(training=True)
-            try:
-                self.optimizer.load_state_dict(s["optimizer"])
-            except (ValueError, KeyError, RuntimeError) as e:
-                raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
-                                            "reset_optimizer=True to load the weights only") from None
+        load_weights(self, path, skip_mismatch, reset_optimizer)
         return self
 
     def summary(self, print_table: bool = True) -> dict[str, Any]:

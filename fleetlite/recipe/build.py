@@ -44,7 +44,14 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
 
 @dataclass
 class Data:
-    """The recipe's input: per-rank loaders over uint8 tensors, the class names, images for whitening."""
+    """The recipe's input: per-rank loaders over uint8 tensors, the class names, images for whitening.
+
+    Example::
+
+        data = build_data(cfg.data, cfg.trainer, torch.device("cpu"))
+        for images, labels in data.train:   # this rank's share of each global batch
+            ...
+    """
 
     train: Any
     test: Any

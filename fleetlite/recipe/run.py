@@ -35,7 +35,13 @@ __all__ = ["Run", "start_run", "finish_run"]
 
 @dataclass(frozen=True)
 class Run:
-    """Where and how this job runs."""
+    """Where and how this job runs (made by :func:`start_run`).
+
+    Example::
+
+        run = Run(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), dir=Path("outputs/a"), resume=None)
+        assert run.is_main
+    """
 
     rank: int
     world_size: int

@@ -238,7 +238,14 @@ class TrainerConfig:
 # --- the primary config ---------------------------------------------------------------------------------------
 @dataclass
 class RecipeConfig:
-    """The CIFAR-10 recipe: one option of each group, and where the run lives."""
+    """The CIFAR-10 recipe: one option of each group, and where the run lives.
+
+    Example::
+
+        from omegaconf import OmegaConf
+        base = OmegaConf.structured(RecipeConfig)
+        OmegaConf.merge(base, {"seed": "x"})   # raises ValidationError: seed is an int
+    """
 
     data: Any = MISSING
     model: Any = MISSING

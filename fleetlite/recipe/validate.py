@@ -37,7 +37,12 @@ CHECKPOINT_SUBDIR = "checkpoints"
 
 
 class ConfigError(ValueError):
-    """A recipe setting is wrong; the message is one line saying what, why and how to fix it."""
+    """A recipe setting is wrong; the message is one line saying what, why and how to fix it.
+
+    Example::
+
+        raise ConfigError("optim.lr=0.0 must be a positive number (the learning rate); e.g. optim.lr=0.05")
+    """
 
 
 def _fields(schema: type) -> list[str]:

@@ -35,7 +35,7 @@ from fleetlite.testing import run_ranks  # noqa: E402
 
 
 def _setup(samples: int, batch: int, seed: int):
-    from fleetlite.io.loader import TensorLoader
+    from fleetlite.io import TensorLoader
     from fleetlite.vision.datasets import SyntheticCifar10
     from fleetlite.vision.models import tutorial_cnn
 
@@ -64,12 +64,9 @@ def _hand_epochs(model, opt, loader, epochs: int, start: int, log_freq: int, sin
 def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
             log_freq: int) -> dict:
     torch.set_num_threads(1)
-    import importlib
-
     import fleetlite
+    from fleetlite.distributed import fleet  # the facade, as the Trainer uses it
     from fleetlite.trainer.callbacks import ProgressBar
-
-    fleet = importlib.import_module("fleetlite.distributed.fleet")  # the facade, as the Trainer uses it
     fleet.init(is_collective=True)
     hand_net, hand_loader = _setup(samples, batch, seed=0)
     model = fleet.distributed_model(hand_net)

@@ -25,13 +25,6 @@ from torch import nn
 __all__ = ["Connector", "resolve_device"]
 
 
-def _fleet():
-    """The fleet facade package (imported by path: it is a lazy attribute of fleetlite.distributed)."""
-    import importlib
-
-    return importlib.import_module("fleetlite.distributed.fleet")
-
-
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
     if device is None or device == "auto":
@@ -66,7 +59,7 @@ class Connector:
         self._started = False
 
     def _resolve_strategy(self):
-        fleet = _fleet()
+        from ..distributed import fleet
 
         s = self.user_strategy
         if s is None:
@@ -82,7 +75,7 @@ class Connector:
         """``fleet.init`` with the strategy (gradient merge handled by the Trainer, Note [trainer gradient merge])."""
         if self._started:
             return
-        fleet = _fleet()
+        from ..distributed import fleet
 
         self.strategy = self._resolve_strategy()
         run = copy.deepcopy(self.strategy)
@@ -109,7 +102,7 @@ class Connector:
 
     def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
-        fleet = _fleet()
+        from ..distributed import fleet
         from ..parallel import DataParallel
 
         self.start()
@@ -120,7 +113,7 @@ class Connector:
         return wrapped, wrapped.module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
-        fleet = _fleet()
+        from ..distributed import fleet
 
         self.start()
         if isinstance(optimizer, fleet.DistributedOptimizer):

@@ -14,7 +14,7 @@ tensors and returns what ``update`` takes; ``accumulate()`` returns the value;
 Example::
 
     import torch
-    from fleetlite.metric import Accuracy
+    from fleetlite.trainer.metrics import Accuracy  # also fleetlite.metric.Accuracy
 
     m = Accuracy(topk=(1, 2))
     m.update(m.compute(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1])))

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from trainer_helpers import dataset, params, trainer, xy
 
-from fleetlite.io.loader import TensorLoader
+from fleetlite.io import TensorLoader
 from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as C
 

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from trainer_helpers import dataset, mlp, params, trainer, xy
 
 import fleetlite
-from fleetlite.io.sampler import DistributedBatchSampler
+from fleetlite.io import DistributedBatchSampler
 from fleetlite.trainer.checkpoint import CheckpointError
 
 
@@ -75,7 +75,7 @@ def test_num_iters_and_history():
 
 
 def test_learns_synthetic_cifar10_with_a_small_cnn():
-    from fleetlite.io.loader import TensorLoader
+    from fleetlite.io import TensorLoader
     from fleetlite.vision.datasets import SyntheticCifar10
 
     xtr, ytr = SyntheticCifar10(mode="train", size=1024).as_tensors()

@@ -271,6 +271,8 @@ class Trainer:
         train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
         evaluation = None if eval_data is None else DataAdapter.build(eval_data, batch_size, False, False,
                                                                       num_workers, 0, pin, "eval")
+        if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
+            raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
         cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
         ckpt_dir = self.save_dir
         if ckpt_dir is None:

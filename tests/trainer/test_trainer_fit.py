@@ -152,6 +152,10 @@ def test_errors_before_work():
         if torch.cuda.is_available():
             raise ValueError("cuda")
         fleetlite.Trainer(mlp(), device="cuda")
+    ds = dataset(10)
+    bad_eval = DataLoader(ds, batch_sampler=DistributedBatchSampler(ds, 4, num_replicas=1, rank=0, drop_last=True))
+    with pytest.raises(ValueError, match="eval_data cannot be evaluated exactly.*drop_last"):
+        trainer().fit(ds, eval_data=bad_eval, verbose=0)
     with pytest.raises(ValueError, match="conflicts with the strategy"):
         trainer(strategy={"gradient_merge": True, "gradient_merge_configs": {"k_steps": 2}}).fit(
             dataset(4), accumulate_grad_batches=3, verbose=0)

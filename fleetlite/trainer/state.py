@@ -263,7 +263,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
                                     f"matches): {e}") from None
     if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
-        t._prepare(training=True)
+        t._prepare(training=False)  # wraps the optimizer too; a loss is not needed to load
         try:
             t.optimizer.load_state_dict(s["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:

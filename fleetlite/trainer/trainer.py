@@ -161,8 +161,8 @@ class Trainer:
             if self.loss_fn is None and type(self).train_step is Trainer.train_step:
                 raise ValueError("fit needs a loss: pass Trainer(..., loss=nn.CrossEntropyLoss()) or compile(..., "
                                  "loss=...), or override train_step")
-            if self.optimizer is None:
-                self.optimizer = self._connector.setup_optimizer(self.user_optimizer, self.parallel_network)
+        if self.optimizer is None and self.user_optimizer is not None:
+            self.optimizer = self._connector.setup_optimizer(self.user_optimizer, self.parallel_network)
 
     # -- steps (override these) -----------------------------------------------------------------------------
     def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -256,7 +256,7 @@ class RecipeConfig:
     seed: int = 0
     device: Device = Device.auto
     run_dir: str = MISSING       # one directory per run, shared by all ranks
-    resume: str | None = None    # null, "latest" (newest checkpoint in run_dir/checkpoints) or a checkpoint path
+    resume: str | None = None    # null, latest (newest in run_dir/checkpoints), auto (latest if any) or a path
 
 
 #: (group, name) -> schema, as stored in the ConfigStore under ``schema/<group>/<name>``.

@@ -162,17 +162,20 @@ def _check_strategy(node: DictConfig, world_size: int) -> None:
 
 
 def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint ``resume`` names: None, the newest one in ``run_dir/checkpoints`` ("latest"), or a path."""
+    """The checkpoint ``resume`` names: None, the newest one in ``run_dir/checkpoints`` ("latest"; "auto" is the
+    same but starts afresh when there is none yet), or a path."""
     if resume is None or str(resume).strip() == "":
         return None
-    if str(resume) == "latest":
+    if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
         from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint
 
         try:
             found = find_latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
-            raise ConfigError(f"resume=latest: {e}; pass resume=<path of a good checkpoint> instead") from None
+            raise ConfigError(f"resume={resume}: {e}; pass resume=<path of a good checkpoint> instead") from None
+        if found is None and str(resume) == "auto":
+            return None  # nothing to continue yet: a fresh start (restartable jobs pass resume=auto)
         if found is None:
             raise ConfigError(f"resume=latest but {ckpt_dir} holds no checkpoint: point run_dir= at the "
                               "directory of the run to continue, or drop resume= to start afresh")

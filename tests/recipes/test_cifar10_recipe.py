@@ -99,7 +99,8 @@ def test_two_processes_share_one_default_run_directory_and_match_one_process(ref
 @pytest.mark.timeout(200)
 def test_resume_latest_continues_a_stopped_run_exactly(reference, tmp_path):
     run_dir = tmp_path / "run"
-    first = run_recipe([*TINY, *QUIET, f"run_dir={run_dir}", "trainer.max_steps=6"])  # stops in epoch 2 (4 steps/epoch)
+    # resume=auto with nothing to resume is a fresh start; max_steps=6 stops it in epoch 2 (4 steps per epoch)
+    first = run_recipe([*TINY, *QUIET, f"run_dir={run_dir}", "trainer.max_steps=6", "resume=auto"])
     _ok(first)
     assert [r["epoch"] for r in read_csv(run_dir / "metrics.csv")] == [0]
     second = run_recipe([*TINY, *QUIET, f"run_dir={run_dir}", "resume=latest"])

@@ -134,6 +134,7 @@ def test_batch_size_equal_to_ranks_is_fine():
 
 def test_resume_latest_without_checkpoint_and_missing_path(tmp_path):
     assert find_resume_checkpoint(None, tmp_path) is None
+    assert find_resume_checkpoint("auto", tmp_path) is None  # auto: a fresh start when nothing is there yet
     with pytest.raises(ConfigError, match="resume=latest but .*checkpoints holds no checkpoint"):
         find_resume_checkpoint("latest", tmp_path)
     with pytest.raises(ConfigError, match="no such checkpoint file"):

@@ -35,7 +35,11 @@ def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
 
 
 def _record_train(t, out: dict[str, Any], n: int) -> dict[str, Any]:
-    """Add a training batch to the epoch's running sums; the batch hook's logs (Keras: running values)."""
+    """Add a training batch to the epoch's running sums; the batch hook's logs (Keras: running values).
+
+    The training loss is the optimized one: batch means weighted by batch size, padding repeats included;
+    metrics count real samples only (``update_metrics`` trims the padding).
+    """
     if not isinstance(out, dict) or "loss" not in out:
         raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
     loss = out["loss"].detach()

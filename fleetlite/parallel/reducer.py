@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from .buckets import Bucket, plan_buckets
+from .buckets import Bucket, module_units, plan_buckets
 
 __all__ = ["Reducer"]
 
@@ -54,7 +54,8 @@ class Reducer:
         self.world = world_size
         self.find_unused = find_unused_parameters
         self.comm_dtype = comm_dtype
-        self.buckets: list[Bucket] = plan_buckets(self.params, comm_buffer_size, last_comm_buffer_size)
+        self.buckets: list[Bucket] = plan_buckets(self.params, comm_buffer_size, last_comm_buffer_size,
+                                                  units=module_units(self.names))
         n = len(self.params)
         self.param_bucket = [0] * n
         self.views: list[torch.Tensor | None] = [None] * n

@@ -13,7 +13,7 @@ import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.nn import SyncBatchNorm
-from fleetlite.parallel import plan_buckets
+from fleetlite.parallel import module_units, plan_buckets
 from fleetlite.testing import run_ranks
 
 
@@ -29,7 +29,8 @@ def _basics(rank, world):
     net = MLP()
     names = [n for n, _ in net.named_parameters()]
     model = fleet.distributed_model(net)
-    expected = [[names[i] for i in b.param_indices] for b in plan_buckets(list(net.parameters()), 0.001, 0.0005)]
+    expected = [[names[i] for i in b.param_indices] for b in plan_buckets(list(net.parameters()), 0.001, 0.0005,
+                                                                           units=module_units(names))]
     got = [b["params"] for b in model.bucket_plan]
     fleet.init(strategy=DistributedStrategy(fuse_all_reduce_ops=False))
     unfused = fleet.distributed_model(MLP())

@@ -140,7 +140,8 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         self.num_samples = math.ceil(n / self.nranks)  # per rank, padding included (Paddle's attribute)
         self.total_size = self.num_samples * self.nranks
         self.epoch = 0
-        self._offset = 0  # where the next pass starts in the epoch's order
+        self._offset = 0  # position reached in the epoch's order (what state_dict saves)
+        self._start = 0  # where the next pass starts: 0, or once the position load_state_dict restored
         self._pass: _Pass | None = None  # the current or most recent pass
 
     # -- order and layout --------------------------------------------------------------------------------------
@@ -151,11 +152,16 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         return np.arange(self._n)
 
     def _new_pass(self) -> _Pass:
-        return _Pass(self.epoch, self._offset, self._n, self.batch_size, self.nranks, self.local_rank, self.drop_last)
+        return _Pass(self.epoch, self._start, self._n, self.batch_size, self.nranks, self.local_rank, self.drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
+        # Every pass starts the epoch afresh (as Paddle's and torch's samplers do: a peek, a `break`
+        # or a prefetching loader must not eat into the next pass), except the first pass after
+        # load_state_dict, which continues from the restored position.
         p = self._new_pass()
         self._pass = p
+        self._start = 0
+        self._offset = p.start
         order = self._order(p.epoch)
         # Note [sampler layout]: the remaining order, padded by cycling the head of the epoch's order
         pad = math.ceil(p.remaining / self.nranks) * self.nranks - p.remaining
@@ -187,13 +193,13 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch`` for the next pass (its shuffle order).
 
-        A different epoch starts at its beginning; the current epoch keeps its
-        position, so ``load_state_dict`` followed by the usual
-        ``set_epoch(epoch)`` at the top of the epoch loop resumes mid-epoch.
+        A different epoch starts at its beginning; the same epoch keeps a
+        position restored by ``load_state_dict``, so loading a state and then
+        the usual ``set_epoch(epoch)`` at the top of the epoch loop resumes mid-epoch.
         """
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.epoch, self._offset, self._pass = epoch, 0, None
+            self.epoch, self._offset, self._start, self._pass = epoch, 0, 0, None
 
     # -- exact evaluation --------------------------------------------------------------------------------------
 
@@ -265,7 +271,7 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
             raise ValueError(f"state offset {offset} exceeds the dataset size {self._n}; the state is corrupt")
         self.seed = _check_int("seed", state["seed"], 0)
         self.epoch = _check_int("epoch", state["epoch"], 0)
-        self._offset = offset
+        self._offset = self._start = offset
         self._pass = None
 
     set_state_dict = load_state_dict  # Paddle's name

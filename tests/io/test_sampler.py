@@ -198,14 +198,21 @@ def test_state_with_consumed_for_prefetching_loaders():
         DistributedBatchSampler(range(20), 4, 1, 0).state_dict(consumed=1)
 
 
-def test_abandoned_pass_continues_from_the_cursor():
+def test_abandoned_pass_restarts_the_epoch_but_its_position_can_be_saved():
     s = DistributedBatchSampler(range(10), 2, 1, 0)
     it = iter(s)
     assert next(it) == [0, 1] and next(it) == [2, 3]
     del it
+    state = s.state_dict()
+    # a peek or a break does not eat into the next pass (Paddle / torch semantics)
+    assert len(s) == 5
+    assert list(s) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]] and s.epoch == 1
+    # ... but the position reached is what a checkpoint holds, and loading it resumes there once
+    s.load_state_dict(state)
+    s.set_epoch(0)  # the usual call at the top of the epoch loop keeps the restored position
     assert len(s) == 3
     assert list(s) == [[4, 5], [6, 7], [8, 9]] and s.epoch == 1
-    s.set_epoch(0)  # another epoch number: restart at its beginning
+    s.set_epoch(0)
     assert len(list(s)) == 5
 
 

@@ -8,13 +8,28 @@ import torch
 import torch.distributed as tdist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..distributed.env import read_env
+
 __all__ = ["broadcast_coalesced", "verify_same_params", "allreduce_mean_coalesced", "group_size", "global_src"]
 
 
 def group_size(group=None) -> int:
-    if not (tdist.is_available() and tdist.is_initialized()):
-        return 1
-    return tdist.get_world_size(group)
+    """Processes in ``group``; 1 single-process.
+
+    Raises when a launcher started several processes but no process group
+    exists: wrapping or reducing then would let every rank train alone, silently.
+    """
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_world_size(group)
+    world = read_env().world_size
+    if world > 1:
+        raise RuntimeError(
+            f"the launcher started {world} processes (WORLD_SIZE / PADDLE_TRAINERS_NUM = {world}) but no process "
+            "group exists, so gradients could not be averaged and every rank would train alone. Call "
+            "fleetlite.distributed.init_parallel_env() (or fleet.init()) before wrapping the model or reducing "
+            "gradients."
+        )
+    return 1
 
 
 def global_src(group=None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,6 +25,17 @@ def _strip_prefix(state_dict: Mapping[str, object]) -> Mapping[str, object]:
         if keys and all(k.startswith(prefix) for k in keys):
             return OrderedDict((k[len(prefix):], v) for k, v in state_dict.items())
     return state_dict
+
+
+def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                               error_msgs) -> None:
+    """Map ``prefix + k`` (or ``prefix + "module." + k``) to ``prefix + "_layers." + k`` in place."""
+    inner = prefix + "_layers."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        rest = key[len(prefix):]
+        if rest.startswith("module."):
+            rest = rest[len("module."):]
+        state_dict[inner + rest] = state_dict.pop(key)
 
 
 class DataParallel(nn.Module):
@@ -52,7 +64,7 @@ class DataParallel(nn.Module):
 
     Example::
 
-        import fleetlite, fleetlite.distributed as dist
+        import torch, fleetlite, fleetlite.distributed as dist
         dist.init_parallel_env()
         model = fleetlite.DataParallel(torch.nn.Linear(10, 1))
         model(torch.randn(4, 10)).sum().backward()   # grads averaged over ranks
@@ -67,7 +79,12 @@ class DataParallel(nn.Module):
         if isinstance(layers, DataParallel):
             raise TypeError("the model is already wrapped in DataParallel; wrap the plain module once")
         if comm_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
-            raise ValueError(f"comm_dtype={comm_dtype!r} must be None, torch.float16 or torch.bfloat16")
+            raise ValueError(f"comm_dtype={comm_dtype!r} must be None (the gradients' dtype), torch.float16, "
+                             "torch.bfloat16 or torch.float32")
+        if strategy is not None and hasattr(strategy, "fuse_grad_size_in_MB"):
+            warnings.warn("DataParallel(strategy=DistributedStrategy) does not apply the strategy; use "
+                          "fleet.init(strategy=...) and fleet.distributed_model(model), which configure "
+                          "DataParallel from it", stacklevel=2)
         self._layers = layers
         self._strategy = strategy
         self.group = group
@@ -83,6 +100,8 @@ class DataParallel(nn.Module):
             broadcast_coalesced([p.data for p in layers.parameters()] + [b for b in layers.buffers()], group)
         self._reducer = Reducer(named, group, self.world_size, comm_buffer_size, last_comm_buffer_size,
                                 self.find_unused_parameters, comm_dtype)
+        # inside a parent module, the parent's state_dict holds our module's own keys (see state_dict)
+        self._register_load_state_dict_pre_hook(_unprefixed_keys_pre_hook)
 
     # ------------------------------------------------------------------ access
     @property

@@ -107,6 +107,14 @@ class Reducer:
     # ------------------------------------------------------------- per step
     def prepare_for_backward(self, outputs) -> None:
         """Called after each forward that will be followed by a synced backward."""
+        for b in self.buckets:  # the plan is of the wrapped dtypes/devices; a cast after wrapping breaks it
+            p = self.params[b.param_indices[0]]
+            if p.dtype != b.dtype or p.device != b.device:
+                raise RuntimeError(
+                    f"DataParallel: parameter {self.names[b.param_indices[0]]!r} is now {p.dtype} on {p.device} "
+                    f"but was {b.dtype} on {b.device} when the model was wrapped. Move or cast the model "
+                    "(.to(), .double(), .half()) before wrapping it in DataParallel / fleet.distributed_model."
+                )
         n = len(self.params)
         self._ready = [False] * n
         self._used = [True] * n
@@ -186,7 +194,9 @@ class Reducer:
                     self.views[i].mul_(self._inv_world)
         if b.index == len(self.buckets) - 1:  # Note [bucket tail]
             tail = self.tail
-            tail[0] = float(len(self._missing))
+            # with find_unused_parameters a late-missing gradient (e.g. an output left out of the
+            # loss) is an unused parameter, not an error
+            tail[0] = 0.0 if self.find_unused else float(len(self._missing))
             if self.find_unused:
                 tail[1:] = torch.tensor(self._used, dtype=tail.dtype, device=tail.device)
         t = buf if self.comm_dtype is None or self.comm_dtype == buf.dtype else buf.to(self.comm_dtype)

@@ -28,15 +28,11 @@ import torch
 import torch.distributed as tdist
 from torch.amp.grad_scaler import OptState
 
+from ...parallel.comm import group_size
+
 __all__ = ["DistGradScaler", "AmpHelper", "from_strategy", "DTYPES"]
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _world_group_size(group) -> int:
-    if not (tdist.is_available() and tdist.is_initialized()):
-        return 1
-    return tdist.get_world_size(group)
 
 
 class DistGradScaler(torch.amp.GradScaler):
@@ -76,7 +72,7 @@ class DistGradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return
         found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        if _world_group_size(self._group) > 1:
+        if group_size(self._group) > 1:
             # exactly one collective per unscale on every rank, whatever devices hold the gradients
             backend = tdist.get_backend(self._group)
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")

@@ -96,6 +96,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
                                        process_group=group, **optimizer.defaults)
 
+    # --- torch's optimizer hooks: they belong to the optimizer that really steps ----------------------------
+    def register_step_pre_hook(self, hook):
+        """Run ``hook(optimizer, args, kwargs)`` before each real optimizer step (not on merged micro-batches)."""
+        return self.inner_opt.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook):
+        """Run ``hook(optimizer, args, kwargs)`` after each real optimizer step."""
+        return self.inner_opt.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(self, hook, prepend: bool = False):
+        return self.inner_opt.register_state_dict_pre_hook(hook, prepend=prepend)
+
+    def register_state_dict_post_hook(self, hook, prepend: bool = False):
+        return self.inner_opt.register_state_dict_post_hook(hook, prepend=prepend)
+
+    def register_load_state_dict_pre_hook(self, hook, prepend: bool = False):
+        return self.inner_opt.register_load_state_dict_pre_hook(hook, prepend=prepend)
+
+    def register_load_state_dict_post_hook(self, hook, prepend: bool = False):
+        return self.inner_opt.register_load_state_dict_post_hook(hook, prepend=prepend)
+
     # --- models whose gradient sync follows the merge window -----------------------------------------------
     def attach_model(self, model: nn.Module) -> None:
         """Let gradient merge switch ``model.require_backward_grad_sync`` (a DataParallel or torch DDP model)."""

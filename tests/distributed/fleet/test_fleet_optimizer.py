@@ -172,3 +172,21 @@ def test_strategy_given_to_distributed_optimizer_overrides_with_warning(single):
     with pytest.warns(UserWarning, match=r"overrides the one given to fleet.init.*model-side fields \['amp'"):
         opt = fleet.distributed_optimizer(torch.optim.SGD(lin.parameters(), lr=0.1), DistributedStrategy(amp=True))
     assert fleet.get_strategy().amp and opt.amp.enabled
+
+
+def test_step_hooks_fire_on_real_steps_only_under_gradient_merge():
+    strategy = DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": 2})
+    fresh_fleet(strategy)
+    model = torch.nn.Linear(2, 1)
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    pre, post = [], []
+    h = opt.register_step_pre_hook(lambda o, a, k: pre.append(o))
+    opt.register_step_post_hook(lambda o, a, k: post.append(o))
+    for _ in range(4):
+        opt.minimize(model(torch.randn(3, 2)).sum())
+        opt.clear_grad()
+    assert len(pre) == len(post) == 2 and pre[0] is opt.inner_opt
+    h.remove()
+    opt.minimize(model(torch.randn(3, 2)).sum())
+    opt.minimize(model(torch.randn(3, 2)).sum())
+    assert len(pre) == 2 and len(post) == 3

@@ -89,11 +89,12 @@ def allreduce_mean_coalesced(tensors: Sequence[torch.Tensor], group=None,
                 t.copy_(new)
 
 
-def verify_same_params(named: Sequence[tuple[str, torch.Tensor]], group=None) -> None:
-    """Check every rank holds the same parameter names, shapes and dtypes.
+def verify_same_params(named: Sequence[tuple[str, torch.Tensor]], group=None, owner: str = "DataParallel",
+                       what: str = "parameter") -> None:
+    """Check every rank holds the same tensor names, shapes and dtypes.
 
     Raises the same ``ValueError`` on every rank, naming the first differing
-    parameter and the ranks, so no rank is left waiting in a collective.
+    tensor and the ranks, so no rank is left waiting in a collective.
     """
     if group_size(group) == 1:
         return
@@ -112,10 +113,10 @@ def verify_same_params(named: Sequence[tuple[str, torch.Tensor]], group=None) ->
         name = (a or b)[0]
 
         def show(s):
-            return "no such parameter" if s is None else f"{s[0]!r} shape {s[1]} {s[2]}"
+            return f"no such {what}" if s is None else f"{s[0]!r} shape {s[1]} {s[2]}"
 
         raise ValueError(
-            f"DataParallel: the model differs across ranks at parameter #{k} ({name!r}): rank 0 has {show(a)}, "
+            f"{owner}: the model differs across ranks at {what} #{k} ({name!r}): rank 0 has {show(a)}, "
             f"rank {rank} has {show(b)}. Every rank must build the same model (same architecture, same "
-            f"requires_grad flags) before wrapping it."
+            f"requires_grad flags, same config) before wrapping it."
         )

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as tdist
 
 from ..parallel.buckets import plan_buckets
+from ..parallel.comm import broadcast_coalesced, verify_same_params
 
 __all__ = ["ReplicaSet", "clone_module", "broadcast_from_rank0"]
 
@@ -63,26 +64,8 @@ def clone_module(module: torch.nn.Module, device: torch.device,
 def broadcast_from_rank0(module: torch.nn.Module) -> None:
     """Check every process holds the same parameter/buffer shapes, then copy rank 0's values everywhere."""
     named = _state(module)
-    meta = [(n, tuple(t.shape), str(t.dtype)) for n, t in named]
-    world = tdist.get_world_size()
-    gathered: list = [None] * world
-    tdist.all_gather_object(gathered, meta)
-    for r in range(1, world):
-        if gathered[r] != gathered[0]:
-            mine, theirs = gathered[0], gathered[r]
-            diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-            a = mine[diff] if diff < len(mine) else "nothing"
-            b = theirs[diff] if diff < len(theirs) else "nothing"
-            raise ValueError(f"trainer 0 and trainer {r} hold different models: entry {diff} is {a} on trainer 0 "
-                             f"but {b} on trainer {r}; build the same module (same config) in every process")
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for _, t in named:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for ts in groups.values():
-        flat = torch._utils._flatten_dense_tensors([t.detach() for t in ts])
-        tdist.broadcast(flat, src=0)
-        for t, src in zip(ts, torch._utils._unflatten_dense_tensors(flat, ts)):
-            t.copy_(src)
+    verify_same_params(named, owner="ParallelExecutor (num_trainers > 1)", what="parameter or buffer")
+    broadcast_coalesced([t for _, t in named])
 
 
 def _remove_hooks(handles: list) -> None:

@@ -16,6 +16,7 @@ from .reducer import Reducer
 __all__ = ["DataParallel"]
 
 _PREFIXES = ("module.", "_layers.")
+_BROADCAST_CHUNK = 16 * 1024 * 1024
 
 
 def _strip_prefix(state_dict: Mapping[str, object]) -> Mapping[str, object]:
@@ -97,7 +98,9 @@ class DataParallel(nn.Module):
         named = [(n, p) for n, p in layers.named_parameters() if p.requires_grad]
         if self.world_size > 1:
             verify_same_params(named, group)
-            broadcast_coalesced([p.data for p in layers.parameters()] + [b for b in layers.buffers()], group)
+            # in chunks of 16 MB: a flat copy of the whole model would double its memory for a moment
+            broadcast_coalesced([p.data for p in layers.parameters()] + [b for b in layers.buffers()], group,
+                                cap_bytes=_BROADCAST_CHUNK)
         self._reducer = Reducer(named, group, self.world_size, comm_buffer_size, last_comm_buffer_size,
                                 self.find_unused_parameters, comm_dtype)
         # inside a parent module, the parent's state_dict holds our module's own keys (see state_dict)

@@ -99,6 +99,18 @@ def _record(e: BaseException) -> None:
         pass
 
 
+def _tell_peers(e: BaseException) -> None:
+    """Leave the error where the other ranks look when their collectives fail (Note [lost rank diagnosis])."""
+    if "torch.distributed" not in sys.modules:
+        return
+    try:
+        from .faults import record_rank_error
+
+        record_rank_error(e)
+    except Exception:  # noqa: BLE001 - the original exception matters more
+        pass
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in ("--script", "--module"):
         raise SystemExit("usage: _bootstrap.py --script SCRIPT [ARGS] | --module MODULE [ARGS]")
@@ -114,6 +126,7 @@ def main() -> None:
             runpy.run_path(target, run_name="__main__")
     except Exception as e:
         _record(e)
+        _tell_peers(e)
         raise
 
 

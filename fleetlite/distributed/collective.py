@@ -41,42 +41,42 @@ _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
 _group_timeout: datetime.timedelta | None = None  # the timeout the group was created with
 
-# gloo / NCCL phrase "a peer is gone or late" in these words
-_PEER_FAILURE_HINTS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
-                       "closed by peer")
 
 
 class CollectiveError(RuntimeError):
     """A collective failed on this rank because a peer died or did not join it in time.
 
-    The message names the collective, this rank, the timeout in force and
-    what to check; the backend's own error is chained as ``__cause__``.
+    The message names the collective, this rank, the lost peer ranks and
+    what happened to them (Note [lost rank diagnosis] in
+    :mod:`fleetlite.distributed.faults`), the timeout in force and what to
+    do; ``lost`` maps each lost rank to ``"died"``, ``"raised"``,
+    ``"silent"`` or ``"unknown"``. The backend's own error is chained as
+    ``__cause__``.
 
     Example::
 
         try:
             dist.all_reduce(t)
         except CollectiveError as e:
-            print("a peer is gone:", e)
+            print("lost ranks:", sorted(e.lost))
     """
+
+    def __init__(self, message: str, lost: dict[int, str] | None = None):
+        super().__init__(message)
+        self.lost = lost
 
 
 def _collective(name: str, fn, *args, **kwargs):
-    """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError`."""
+    """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError` naming it."""
+    from .faults import is_peer_failure, peer_lost_error
+
     try:
         return fn(*args, **kwargs)
     except RuntimeError as e:
-        text = str(e)
-        if not any(h in text.lower() for h in _PEER_FAILURE_HINTS):
+        if isinstance(e, CollectiveError) or not is_peer_failure(e):
             raise
         seconds = (_group_timeout or default_timeout()).total_seconds()
-        raise CollectiveError(
-            f"{name} failed on rank {tdist.get_rank()} of {tdist.get_world_size()}: a peer rank died or did not "
-            f"reach the same {name} within the collective timeout ({seconds:g} s). Look for the first error in "
-            "the other ranks' output; every rank must call the same collectives in the same order. The timeout "
-            f"is set by init_parallel_env(timeout=...) or FLEETLITE_COLLECTIVE_TIMEOUT. Backend error: "
-            f"{text.strip()[:500]}"
-        ) from e
+        raise peer_lost_error(name, e, seconds) from e
 
 
 def default_timeout() -> datetime.timedelta:
@@ -171,12 +171,40 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     kwargs = {}
     if resolved == "nccl":
         kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
-    tdist.init_process_group(backend=resolved, init_method="env://", rank=env.rank,
-                             world_size=env.world_size, timeout=td, **kwargs)
+    store = _elastic_store(env.world_size, td)
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = "env://"
+    tdist.init_process_group(backend=resolved, rank=env.rank, world_size=env.world_size, timeout=td, **kwargs)
     # Note [gloo exit race]
     atexit.register(_destroy_at_exit)
     _group_timeout = td
+    from .faults import register_process
+
+    register_process(td.total_seconds())  # Note [lost rank diagnosis]
     return tdist.group.WORLD
+
+
+def _elastic_store(world_size: int, timeout: datetime.timedelta):
+    """The store of a worker group started by torchelastic on its agent's shared store, under a per-attempt prefix.
+
+    Note [elastic store reuse]
+        torchrun (torch 2.15) keeps ONE TCPStore, served by the agent, for
+        every restart of the worker group (``TORCHELASTIC_USE_AGENT_STORE``),
+        and ``env://`` puts every attempt's keys under the same names. A
+        restarted rank may then read a dead predecessor's gloo address before
+        its new peer overwrote it, and the restart fails with "Gloo
+        connectFullMesh failed ... Connection refused". Prefixing the keys
+        with the restart count gives every attempt its own namespace.
+        None (plain ``env://``) outside torchelastic's shared store.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    base = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timeout)
+    return tdist.PrefixStore(f"fleetlite/attempt-{attempt}", base)
 
 
 def _destroy_at_exit() -> None:

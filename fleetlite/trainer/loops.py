@@ -102,6 +102,15 @@ def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: dict[str, Any] | N
 
 def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, eval_freq: int,
             num_iters: int | None, callbacks, resume_state: dict[str, Any] | None) -> None:
+    """The epoch loop; a lost peer rank becomes a ``CollectiveError`` naming it (Note [lost rank diagnosis])."""
+    from ..distributed.faults import peer_failures
+
+    with peer_failures("training"):
+        _run_fit(t, train, evaluation, epochs, eval_freq, num_iters, callbacks, resume_state)
+
+
+def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, eval_freq: int,
+             num_iters: int | None, callbacks, resume_state: dict[str, Any] | None) -> None:
     from ..distributed import collective
 
     acc = t._accumulate
@@ -179,6 +188,13 @@ def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, 
 
 def run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
     """Loss and metrics over ``data``, every sample counted once across ranks (padding cut off)."""
+    from ..distributed.faults import peer_failures
+
+    with peer_failures("evaluation"):
+        return _run_evaluate(t, data, callbacks)
+
+
+def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
     from ..io.evaluation import trim_batch
 
     reason = data.exact_reason()
@@ -243,6 +259,13 @@ def _as_outputs(out: Any) -> list[torch.Tensor]:
 
 def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
     """Outputs in dataset order, gathered across ranks, padding removed (each sample once)."""
+    from ..distributed.faults import peer_failures
+
+    with peer_failures("prediction"):
+        return _run_predict(t, data, batch_size, stack_outputs, callbacks)
+
+
+def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
     from ..distributed import collective
     from ..io.evaluation import trim_batch
 

@@ -11,7 +11,7 @@ Every callback has ``state_dict()``/``load_state_dict()`` so its state goes
 into the checkpoint and a resumed run continues where it stopped.
 
 Built-ins: :class:`History` (added by ``fit``), :class:`ProgressBar`,
-:class:`ModelCheckpoint`, :class:`EarlyStopping`, :class:`LRScheduler`,
+:class:`ModelCheckpoint`, :class:`EarlyStopping`, :class:`Preemption`, :class:`LRScheduler`,
 :class:`CSVLogger`, :class:`TensorBoard`.
 
 Example::
@@ -35,10 +35,11 @@ from typing import Any
 from .callback_base import Callback, CallbackList, History, is_rank_zero
 from .early_stopping import EarlyStopping
 from .model_checkpoint import ModelCheckpoint
+from .preemption import Preemption
 from .progress import ProgressBar
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
-           "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks"]
+           "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks"]
 
 
 class LRScheduler(Callback):

@@ -56,6 +56,8 @@ __all__ = [
     "find_latest_checkpoint",
     "list_checkpoints",
     "atomic_alias",
+    "probe_writable",
+    "remove_stale_temporaries",
     "capture_rng_state",
     "restore_rng_state",
 ]
@@ -179,6 +181,40 @@ def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
             pass
         raise
     return dst
+
+
+def probe_writable(directory: str | os.PathLike) -> Path:
+    """Create ``directory`` if needed and prove a file can be written there; ``CheckpointError`` if not."""
+    directory = Path(directory)
+    probe = directory / f".write-test-{uuid.uuid4().hex[:8]}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(directory, f"is not writable ({e.strerror or e}); checkpoints could not be saved. "
+                                         "Choose a writable save_dir, or free disk space") from e
+    return directory
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete temporary files left by saves that died midway (Note [atomic checkpoint]); returns them.
+
+    Call it only when no save is running into ``directory`` (e.g. at the start of training).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if _TMP_RE.match(p.name) and p.is_file()]
+    for p in stale:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+    return stale
 
 
 # -- reading -------------------------------------------------------------------

@@ -22,7 +22,27 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Connector", "resolve_device"]
+__all__ = ["Connector", "resolve_device", "check_positive", "plain_config"]
+
+
+def check_positive(**values: Any) -> None:
+    """Raise ValueError naming the first argument that is not a positive integer (None is allowed)."""
+    for name, v in values.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}={v!r} must be a positive integer")
+
+
+def plain_config(config: Any) -> Any:
+    """``config`` as plain values (a dict), resolving an OmegaConf DictConfig."""
+    if config is None or isinstance(config, dict):
+        return config
+    if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(config, resolve=True)
+    if hasattr(config, "items"):
+        return dict(config.items())
+    raise TypeError(f"config must be a dict (or an OmegaConf DictConfig), got {type(config).__name__}")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -128,6 +148,14 @@ class Connector:
         if hasattr(wrapped, "require_backward_grad_sync"):
             dist_opt.attach_model(wrapped)
         return dist_opt
+
+    def check_same_config(self, config: Any) -> None:
+        """Fail on every rank, showing the differences, when the ranks' configs differ (collective when given)."""
+        if config is None or self.world_size == 1:
+            return
+        from ..distributed.faults import check_same_across_ranks
+
+        check_same_across_ranks("Trainer config", config, hint="build it from the same settings on every rank")
 
     def strategy_dict(self) -> dict[str, Any] | None:
         return None if self.strategy is None else self.strategy.to_dict()

@@ -70,6 +70,24 @@ class ModelCheckpoint(Callback):
                              "fit(..., save_dir=...)")
         self.directory = Path(d)
         self._last_saved_step = None
+        self._check_directory()
+
+    def _check_directory(self) -> None:
+        """Fail now, on every rank, when rank 0 cannot write the directory; drop temporary files of dead saves."""
+        from ..distributed import collective
+        from .checkpoint import CheckpointError, probe_writable, remove_stale_temporaries
+
+        error = None
+        if is_rank_zero():
+            try:
+                probe_writable(self.directory)
+                remove_stale_temporaries(self.directory)
+            except CheckpointError as e:
+                error = str(e)
+        if collective.is_initialized():
+            error = collective.all_gather_object(error)[0]
+        if error is not None:
+            raise CheckpointError(None, error)
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer

@@ -43,8 +43,8 @@ from .checkpoint import (
     save_checkpoint,
 )
 
-__all__ = ["build_state", "write_state", "resolve_resume", "read_resume", "restore_for_fit", "load_weights",
-           "REQUIRED"]
+__all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
+           "load_weights", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -101,12 +101,30 @@ def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     if state is not None:
         try:
             save_checkpoint(state, path, latest=latest)
-        except (CheckpointError, TypeError) as e:
-            error = f"{type(e).__name__}: {e}"
+        except CheckpointError as e:
+            error = e.problem
+        except TypeError as e:
+            error = f"TypeError: {e}"
     if collective.is_initialized():
         error = collective.all_gather_object(error)[0]
     if error is not None:
-        raise CheckpointError(path, f"saving failed on rank 0 ({error})")
+        raise CheckpointError(path, f"saving failed on rank 0: {error}")
+    return path
+
+
+def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
+    """``Trainer.save``: the full training state (collective), or with ``training=False`` the weights (rank 0)."""
+    from ..distributed import collective
+
+    path = Path(path)
+    if path.suffix == "":
+        path = path.with_suffix(".pt")
+    if training:
+        if trainer.parallel_network is None:
+            trainer._prepare(training=False)
+        return write_state(trainer, path)
+    if collective.get_rank() == 0:
+        save_checkpoint({"model": trainer.network.state_dict(), "config": trainer.config}, path)
     return path
 
 

@@ -19,29 +19,11 @@ import torch
 from torch import nn
 
 from .callback_base import Callback, CallbackList, History
-from .connector import Connector
+from .connector import Connector, check_positive, plain_config
 from .data_adapter import DataAdapter
 from .metrics import Metric
 
 __all__ = ["Trainer"]
-
-
-def _check_positive(**values: Any) -> None:
-    for name, v in values.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name}={v!r} must be a positive integer")
-
-
-def _plain_config(config: Any) -> Any:
-    if config is None or isinstance(config, dict):
-        return config
-    if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(config, resolve=True)
-    if hasattr(config, "items"):
-        return dict(config.items())
-    raise TypeError(f"config must be a dict (or an OmegaConf DictConfig), got {type(config).__name__}")
 
 
 class Trainer:
@@ -85,7 +67,7 @@ class Trainer:
         self._given_model = model
         self.parallel_network: nn.Module | None = None
         self._connector = Connector(strategy, device)
-        self.config = _plain_config(config)
+        self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
         # progress, read by callbacks
         self.epoch = 0
@@ -94,6 +76,7 @@ class Trainer:
         self.epoch_finished = False
         self.at_step_boundary = True
         self.stop_training = False
+        self.preempted: str | None = None  # the signal that stopped fit (see fleetlite.callbacks.Preemption)
         self.fitting = False
         self.save_dir: Path | None = None
         self._accumulate = 1
@@ -151,6 +134,8 @@ class Trainer:
 
     def _prepare(self, training: bool) -> None:
         if self.parallel_network is None:
+            self._connector.start()
+            self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
             self._accumulate = self._connector.accumulate
             self._accumulate_avg = self._connector.accumulate_avg
@@ -256,7 +241,7 @@ class Trainer:
         """
         from . import loops, state
 
-        _check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
+        check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
@@ -288,6 +273,10 @@ class Trainer:
         finally:
             self.fitting = False
             self._pending.clear()
+            from .preemption import Preemption
+
+            for cb in cbs.find(Preemption):  # signal handlers back even when training failed
+                cb.close()
         return cbs.find(History)[0]
 
     def evaluate(self, eval_data: Any, batch_size: int = 32, log_freq: int = 10,
@@ -295,7 +284,7 @@ class Trainer:
         """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
         from . import loops
 
-        _check_positive(batch_size=batch_size, log_freq=log_freq)
+        check_positive(batch_size=batch_size, log_freq=log_freq)
         self._prepare(training=False)
         data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
         cbs = self._make_callbacks(callbacks, verbose, log_freq, 1, None, batch_size, history=False)
@@ -311,7 +300,7 @@ class Trainer:
         """
         from . import loops
 
-        _check_positive(batch_size=batch_size)
+        check_positive(batch_size=batch_size)
         self._prepare(training=False)
         adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, False, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
@@ -388,21 +377,9 @@ class Trainer:
 
         Collective when ``training`` (every rank calls it; rank 0 writes).
         """
-        from .checkpoint import save_checkpoint
-        from .state import write_state
+        from .state import save_trainer
 
-        path = Path(path)
-        if path.suffix == "":
-            path = path.with_suffix(".pt")
-        if training:
-            if self.parallel_network is None:
-                self._prepare(training=False)
-            return write_state(self, path)
-        from ..distributed import collective
-
-        if collective.get_rank() == 0:
-            save_checkpoint({"model": self.network.state_dict(), "config": self.config}, path)
-        return path
+        return save_trainer(self, path, training)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.

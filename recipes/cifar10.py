@@ -6,11 +6,14 @@
     python recipes/cifar10.py resume=latest run_dir=outputs/2025-01-31/10-00-00
     python recipes/cifar10.py -m data=synthetic optim.lr=0.1,0.05        # one job per value
     python recipes/cifar10.py --help                                     # groups, options, the config
+    fleetlite launch --nproc_per_node 2 --max_restarts 3 recipes/cifar10.py resume=auto trainer.save_steps=200
+                                         # elastic: a crashed job restarts and continues from the newest checkpoint
 
 Configs live in conf/ (cifar10.yaml and one directory per group); every key is
 checked against the schemas in fleetlite/recipe/schema.py before training.
-The run directory (default outputs/<date>/<time>, shared by all ranks) gets
-.hydra/, metrics.csv, checkpoints/ and training_curves.png, written by rank 0.
+The run directory (default outputs/<date>/<time> of the launch, shared by all ranks and by every elastic
+restart) gets .hydra/, metrics.csv, checkpoints/ and training_curves.png, written by rank 0. SIGTERM
+(pre-emption) makes every rank stop after the same step, save a checkpoint and exit with status 143.
 """
 
 from pathlib import Path
@@ -20,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import fleetlite
+from fleetlite.distributed import CollectiveError
 from fleetlite.recipe.build import (
     build_callbacks,
     build_data,
@@ -30,8 +34,9 @@ from fleetlite.recipe.build import (
     optimizer_steps_per_epoch,
 )
 from fleetlite.recipe.preflight import fail, prepare_cli
-from fleetlite.recipe.run import finish_run, start_run
+from fleetlite.recipe.run import exit_if_preempted, finish_run, start_run
 from fleetlite.recipe.validate import ConfigError
+from fleetlite.trainer.checkpoint import CheckpointError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -65,6 +70,7 @@ def train(cfg: DictConfig) -> float:
                 log_freq=cfg.trainer.log_freq, callbacks=build_callbacks(cfg.trainer, run.dir, scheduler),
                 resume=run.resume, save_dir=run.dir if cfg.trainer.callbacks.checkpoint else None,
                 num_iters=cfg.trainer.max_steps, verbose=verbose, seed=cfg.seed)
+    exit_if_preempted(run, trainer)  # SIGTERM: checkpoint written, exit 143; resume=auto continues
 
     # 7. final evaluation on the whole test split, the curves, and where everything is
     final = trainer.evaluate(data.test, verbose=0)
@@ -77,6 +83,10 @@ def main(cfg: DictConfig) -> float:
         return train(cfg)
     except ConfigError as e:  # bad data/device/resume settings found once the job started: one line, exit 2
         fail(str(e))
+    except CheckpointError as e:  # disk full, unwritable or damaged checkpoint: one line, exit 1
+        fail(str(e), status=1)
+    except CollectiveError as e:  # a rank was lost: each survivor's diagnosis on one line, exit 1
+        fail(str(e), status=1, every_rank=True)
 
 
 if __name__ == "__main__":

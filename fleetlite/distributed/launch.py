@@ -9,7 +9,13 @@ Every torchrun option works unchanged (``--nproc_per_node``, ``--nnodes``,
 * runs each worker through a small bootstrap that also exports Paddle's
   ``PADDLE_TRAINER_ID`` / ``PADDLE_TRAINERS_NUM`` / ``PADDLE_TRAINER_ENDPOINTS`` /
   ``PADDLE_CURRENT_ENDPOINT`` / ``FLAGS_selected_gpus`` so Paddle-style scripts work;
-* exits non-zero when any worker fails.
+* exports ``FLEETLITE_LAUNCH_TIME`` (when the launch started) to every worker,
+  the same in every elastic restart (``--max_restarts``), so a recipe's
+  default run directory stays one directory for the whole job;
+* exits non-zero when any worker fails (1), and with 128 + the signal's
+  number when the launcher itself is stopped by SIGTERM/SIGINT/... (the
+  workers get the signal first; the recipe's workers then checkpoint at the
+  next step and exit, see ``fleetlite.callbacks.Preemption``).
 
 Usage::
 
@@ -20,12 +26,16 @@ Usage::
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections.abc import MutableMapping
 
 __all__ = ["main", "split_paddle_options", "resolve_argv"]
 
 _PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
+#: Seconds since the epoch when ``fleetlite launch`` started; read by recipes (``${launch_time:...}``).
+LAUNCH_TIME_VAR = "FLEETLITE_LAUNCH_TIME"
 
 
 def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
@@ -138,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                                      *args.training_script_args]
         args.training_script = _bootstrap_path()
         args.module = False
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    # one launch time for every worker and every restart (see the module doc); restored for in-process callers
+    previous = os.environ.get(LAUNCH_TIME_VAR)
+    os.environ[LAUNCH_TIME_VAR] = previous or f"{time.time():.6f}"
     try:
         trun.run(args)
     except ChildFailedError as e:
@@ -145,8 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.format_msg().replace(f"{_bootstrap_path()} FAILED", f"{target} FAILED")
         print(f"fleetlite launch: a worker failed:\n{msg}", file=sys.stderr)
         return 1
+    except SignalException as e:
+        sig = signal.Signals(e.sigval)
+        grace = args.shutdown_timeout
+        if grace is None:
+            grace = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+        print(f"fleetlite launch: stopped by {sig.name}; the workers got it too and had {grace} s "
+              "(--shutdown_timeout) to finish. A recipe saves a checkpoint at its next step: continue it with "
+              "resume=auto", file=sys.stderr)
+        return 128 + int(sig)
     except KeyboardInterrupt:
         return 130
+    finally:
+        if previous is None:
+            os.environ.pop(LAUNCH_TIME_VAR, None)
+        else:
+            os.environ[LAUNCH_TIME_VAR] = previous
     return 0
 
 

@@ -205,7 +205,7 @@ def build_strategy(cfg: DictConfig):
 
 
 def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> list:
-    """The LR schedule, early stopping, metrics.csv, TensorBoard and checkpoints/, as configured.
+    """The LR schedule, early stopping, metrics.csv, TensorBoard, checkpoints/ and pre-emption, as configured.
 
     Paths are absolute, inside ``run_dir``. The progress bar is the Trainer's
     own (``fit(verbose=1)``, rank 0 only).
@@ -225,5 +225,8 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
     if c.tensorboard:
         out.append(cb.TensorBoard(str(run_dir / "tensorboard")))
     if c.checkpoint:
-        out.append(cb.ModelCheckpoint(str(run_dir / CHECKPOINT_SUBDIR), save_freq=int(cfg.save_freq)))
+        out.append(cb.ModelCheckpoint(str(run_dir / CHECKPOINT_SUBDIR), save_freq=int(cfg.save_freq),
+                                      save_steps=cfg.save_steps, keep_last=cfg.keep_last))
+    if c.preemption:  # SIGTERM: all ranks stop after the same step; ModelCheckpoint writes the last state
+        out.append(cb.Preemption(save_dir=str(run_dir / CHECKPOINT_SUBDIR)))
     return out

@@ -8,10 +8,15 @@ fixes both before Hydra starts:
 1. compose the config exactly as Hydra will (each sweep value of ``-m``
    too) and check it (:mod:`fleetlite.recipe.validate`): a bad override
    stops every rank with ONE line on stderr (from rank 0) and exit status 2;
-2. when several ranks run, initialise the process group and let rank 0
-   resolve ``run_dir``, create it and prove it writable, find the checkpoint
-   ``resume=`` names; every rank gets rank 0's answer (or its error);
-3. rewrite ``sys.argv`` so every rank passes the same ``run_dir=...``, and
+2. when several ranks run, initialise the process group; every rank learns
+   every rank's verdict (a config bad on one rank only stops all of them),
+   and ranks that composed different configs (other command lines, conf/
+   files or environment) stop with the differences listed;
+3. let rank 0 resolve ``run_dir`` (``${launch_time:...}``: one directory for
+   all elastic restarts, :func:`~fleetlite.recipe.validate.check_restartable`),
+   create it and prove it writable, find the checkpoint ``resume=`` names;
+   every rank gets rank 0's answer (or its error);
+4. rewrite ``sys.argv`` so every rank passes the same ``run_dir=...``, and
    ranks other than 0 pass ``hydra.output_subdir=null`` and disabled Hydra
    logging: only rank 0 writes into the run directory.
 
@@ -30,7 +35,14 @@ import re
 import sys
 from pathlib import Path
 
-from .validate import ConfigError, check_config, check_run_dir, describe_compose_error, find_resume_checkpoint
+from .validate import (
+    ConfigError,
+    check_config,
+    check_restartable,
+    check_run_dir,
+    describe_compose_error,
+    find_resume_checkpoint,
+)
 
 __all__ = ["prepare_cli", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
 
@@ -54,9 +66,13 @@ def world_size() -> int:
     return read_env().world_size
 
 
-def fail(message: str, status: int = EXIT_CONFIG) -> None:
-    """Print ``error: message`` on one line (rank 0 only) and exit with ``status`` on every rank."""
-    if rank() == 0:
+def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> None:
+    """Print ``error: message`` on one line (rank 0 only, or ``every_rank``) and exit with ``status``.
+
+    Every rank calls it with the same message (the default), or each with its own (``every_rank``: a
+    rank-specific error, such as a survivor's diagnosis of a lost peer).
+    """
+    if every_rank or rank() == 0:
         print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     raise SystemExit(status)
 
@@ -121,25 +137,38 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         fail("an override lists several values (a sweep) but --multirun (-m) is not given; add -m, "
              "or give one value")
     n = world_size()
-    cfgs = []
+    cfgs, error = [], None
     for overrides in combos:
         try:
             cfg = _compose(str(config_dir), config_name, overrides)
             check_config(cfg, world_size=n)
         except ConfigError as e:
-            fail(str(e))
+            error = str(e)
         except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf composition errors
-            fail(describe_compose_error(e))
+            error = describe_compose_error(e)
+        if error is not None:
+            break
         cfgs.append(cfg)
-    cfg = cfgs[0]
     if n > 1:
-        from fleetlite.distributed import init_parallel_env
+        from fleetlite.distributed import all_gather_object, init_parallel_env
 
-        init_parallel_env(backend=_backend(cfg.device.value))
+        init_parallel_env(backend=_backend(cfgs[0].device.value) if error is None else "auto")
+        # every rank learns every rank's verdict: a rank whose config alone is bad must not leave the others waiting
+        failed = [(r, e) for r, e in enumerate(all_gather_object(error)) if e is not None]
+        if failed:
+            r, e = failed[0]
+            fail(e if r == 0 else f"on rank {r}: {e}")
+        _check_same_config(cfgs)
+    elif error is not None:
+        fail(error)
+    cfg = cfgs[0]
     answer: dict = {}
     if rank() == 0:
         try:
-            run_dir = str(cfg.run_dir)  # resolves ${now:...} once, here
+            run_dir = str(cfg.run_dir)  # resolves ${launch_time:...} once, here
+            note = check_restartable(cfg.resume, _raw_run_dir(cfg))
+            if note:
+                print(f"warning: {note}", file=sys.stderr, flush=True)
             if not args.multirun:  # multirun jobs check their own run_dir/<job> directory
                 find_resume_checkpoint(cfg.resume, run_dir)
             check_run_dir(run_dir)
@@ -157,6 +186,32 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     sys.argv = [sys.argv[0], *new_args]
     return new_args
+
+
+def _raw_run_dir(cfg) -> str:
+    """``run_dir`` as written, interpolations unresolved (``outputs/${launch_time:%Y-%m-%d}/...``)."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.to_container(cfg, resolve=False).get("run_dir"))
+
+
+def _check_same_config(cfgs) -> None:
+    """Fail (exit 2, one line showing the differences) when the ranks composed different configs."""
+    from omegaconf import OmegaConf
+
+    from fleetlite.distributed.faults import RankMismatchError, check_same_across_ranks
+
+    plain = []
+    for c in cfgs:
+        d = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
+        d.pop("run_dir", None)  # rank 0 resolves it for everyone
+        plain.append(d)
+    try:
+        check_same_across_ranks("recipe config", plain[0] if len(plain) == 1 else plain,
+                                hint="run every rank with the same command line, the same conf/ files and the same "
+                                     "values of the environment variables the config reads")
+    except RankMismatchError as e:
+        fail(str(e))
 
 
 def _quote(value: str) -> str:

@@ -28,9 +28,12 @@ from omegaconf import DictConfig
 
 from .build import METRICS_FILE, PLOT_FILE, resolve_device
 from .preflight import agree
-from .validate import ConfigError, find_resume_checkpoint
+from .validate import CHECKPOINT_SUBDIR, ConfigError, find_resume_checkpoint
 
-__all__ = ["Run", "start_run", "finish_run"]
+__all__ = ["Run", "start_run", "finish_run", "exit_if_preempted", "EXIT_PREEMPTED"]
+
+#: Exit status after a pre-emption (SIGTERM): 128 + 15, as if terminated, but after a clean checkpoint.
+EXIT_PREEMPTED = 143
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,28 @@ def start_run(cfg: DictConfig) -> Run:
     if "error" in answer:
         raise ConfigError(answer["error"])
     resume = Path(answer["resume"]) if answer["resume"] else None
+    if resume is not None and get_rank() == 0:
+        import os
+
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        what = f"elastic restart {restart}: " if restart else ""
+        print(f"{what}resuming from {resume}", flush=True)
     return Run(get_rank(), get_world_size(), env.local_rank, device, run_dir, resume)
+
+
+def exit_if_preempted(run: Run, trainer) -> None:
+    """After ``fit``: when a signal stopped training (``trainer.preempted``), say where to continue and exit 143.
+
+    The checkpoint is already written (``Preemption`` + ``ModelCheckpoint``);
+    the final evaluation and the curves are skipped, since the run is not
+    finished and a pre-empted job has little time left.
+    """
+    if not getattr(trainer, "preempted", None):
+        return
+    if run.is_main:
+        print(f"pre-empted ({trainer.preempted}) after optimizer step {trainer.global_step}: checkpoint in "
+              f"{run.dir / CHECKPOINT_SUBDIR}; continue with resume=auto run_dir={run.dir}", flush=True)
+    raise SystemExit(EXIT_PREEMPTED)
 
 
 def _value(logs: dict[str, Any], *names: str) -> float:

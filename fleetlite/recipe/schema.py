@@ -28,7 +28,7 @@ __all__ = [
     "SGDConfig", "AdamConfig", "AdamWConfig", "CosineConfig", "OneCycleConfig", "NoSchedConfig",
     "AmpConfigs", "RecomputeConfigs", "GradientMergeConfigs", "Fp16AllreduceConfigs", "ShardingConfigs",
     "StrategyConfig", "EarlyStoppingConfig", "CallbacksConfig", "TrainerConfig", "RecipeConfig",
-    "register_configs", "SCHEMAS",
+    "register_configs", "SCHEMAS", "launch_time", "LAUNCH_TIME_VAR",
 ]
 
 
@@ -215,6 +215,7 @@ class CallbacksConfig:
     progress: bool = True        # rich progress bar (rank 0)
     csv_logger: bool = True      # metrics.csv in the run directory
     checkpoint: bool = True      # checkpoints/ in the run directory (needed for resume)
+    preemption: bool = True      # on SIGTERM: all ranks stop after the same step, checkpoint, exit 143
     tensorboard: bool = False    # needs the tensorboard package
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
@@ -230,6 +231,8 @@ class TrainerConfig:
     eval_freq: int = 1                  # evaluate every N epochs (and after the last)
     log_freq: int = 10                  # progress/log every N steps
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)
+    save_steps: int | None = None       # also every N optimizer steps: a crash loses at most N steps
+    keep_last: int | None = None        # keep only the newest N periodic checkpoints (latest.pt always stays)
     label_smoothing: float = 0.0
     plot: bool = True                   # training_curves.png at the end (needs matplotlib)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
@@ -276,9 +279,44 @@ SCHEMAS: dict[tuple[str, str], type] = {
 }
 
 
+#: Set by ``fleetlite launch`` (seconds since the epoch, once per launch): the time ``${launch_time:...}`` shows.
+LAUNCH_TIME_VAR = "FLEETLITE_LAUNCH_TIME"  # the same name as fleetlite.distributed.launch.LAUNCH_TIME_VAR
+_process_start: float | None = None
+
+
+def launch_time(pattern: str) -> str:
+    """The ``${launch_time:PATTERN}`` resolver: when the job was launched, formatted by ``strftime(PATTERN)``.
+
+    Under ``fleetlite launch`` this is the launcher's start time, the same in
+    every worker and in every elastic restart of the worker group, so the
+    default ``run_dir`` stays one directory for the whole job; otherwise the
+    time this process first asked (like Hydra's ``${now:...}``).
+    """
+    import datetime
+    import os
+    import time
+
+    global _process_start
+    raw = os.environ.get(LAUNCH_TIME_VAR, "").strip()
+    try:
+        stamp = float(raw) if raw else None
+    except ValueError:
+        stamp = None
+    if stamp is None:
+        if _process_start is None:
+            _process_start = time.time()
+        stamp = _process_start
+    return datetime.datetime.fromtimestamp(stamp).strftime(pattern)
+
+
 def register_configs() -> None:
-    """Store every schema in Hydra's ConfigStore (``cifar10_schema`` and ``schema/<group>/<name>``)."""
+    """Store every schema in Hydra's ConfigStore (``cifar10_schema`` and ``schema/<group>/<name>``) and
+    register the ``launch_time`` resolver."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("launch_time"):
+        OmegaConf.register_new_resolver("launch_time", launch_time)
 
     cs = ConfigStore.instance()
     cs.store(name="cifar10_schema", node=RecipeConfig)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from .schema import SCHEMAS, RecipeConfig
 
 __all__ = ["ConfigError", "check_config", "check_known_keys", "check_run_dir", "find_resume_checkpoint",
-           "describe_compose_error", "CHECKPOINT_SUBDIR"]
+           "check_restartable", "describe_compose_error", "CHECKPOINT_SUBDIR"]
 
 CHECKPOINT_SUBDIR = "checkpoints"
 
@@ -120,6 +120,8 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
                                    f"set trainer.{key}={world_size} or more")
     for key in ("eval_freq", "log_freq", "save_freq"):
         _need(t[key] >= 1, f"trainer.{key}={t[key]} must be at least 1 (every N epochs/steps)")
+    for key in ("save_steps", "keep_last"):
+        _need(t[key] is None or t[key] >= 1, f"trainer.{key}={t[key]} must be at least 1 (or null)")
     _need(0 <= t.label_smoothing < 1, f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
     es = t.callbacks.early_stopping
     _need(es.patience >= 1, f"trainer.callbacks.early_stopping.patience={es.patience} must be at least 1")
@@ -185,6 +187,47 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
         raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
                           "resume=latest with run_dir=<the earlier run>")
     return path
+
+
+def check_restartable(resume: str | None, raw_run_dir: str, environ: dict[str, str] | None = None) -> str | None:
+    """Refuse an elastic job whose restarts would not find its checkpoints; return a warning when they start over.
+
+    Under torchrun with ``--max_restarts N`` (``TORCHELASTIC_MAX_RESTARTS``) a
+    restart runs the recipe again, so ``run_dir`` (``raw_run_dir``, not yet
+    resolved) must come out the same: ``${launch_time:...}`` (the default)
+    does under ``fleetlite launch`` on one node, ``${now:...}`` never does.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    except ValueError:
+        restarts = 0
+    if restarts <= 0:
+        return None
+    resume = None if resume is None or not str(resume).strip() else str(resume)
+    if resume is None:
+        return (f"--max_restarts {restarts} without resume=auto: a restarted worker group trains from scratch; add "
+                "resume=auto (and trainer.save_steps=N) to continue from the newest checkpoint")
+    if resume not in ("auto", "latest"):
+        return (f"--max_restarts {restarts} with resume={resume}: every restart resumes from that same file, not "
+                "from newer checkpoints; use resume=auto with run_dir=<that run's directory>")
+    why = None
+    if "${now:" in raw_run_dir:
+        why = "it follows the current time (${now:...}), so each restart would look in a new directory"
+    elif "${launch_time:" in raw_run_dir:
+        from .schema import LAUNCH_TIME_VAR
+
+        if not env.get(LAUNCH_TIME_VAR):
+            why = ("it takes the launch time, which plain torchrun does not keep across restarts (fleetlite launch "
+                   "does)")
+        elif env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE")) != env.get("WORLD_SIZE"):
+            why = ("on several nodes the launch time differs between the nodes' launchers, and a restart may put "
+                   "rank 0 on another node")
+    if why is None:
+        return None
+    raise ConfigError(f"resume={resume} with --max_restarts {restarts}: run_dir={raw_run_dir} would not be the same "
+                      f"directory after a restart: {why}; set run_dir=outputs/<job name> (on a filesystem every "
+                      "node shares)")
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> Path:

@@ -22,6 +22,7 @@ from .collective import (
     is_initialized,
 )
 from .env import DistEnvError, ParallelEnv, read_env
+from .faults import RankMismatchError
 from .spawn import SpawnError, spawn
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "CollectiveError",
     "ParallelEnv",
     "DistEnvError",
+    "RankMismatchError",
     "read_env",
     "spawn",
     "SpawnError",

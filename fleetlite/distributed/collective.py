@@ -160,7 +160,7 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         return None
     if not tdist.is_available():
         raise RuntimeError("this torch build has no torch.distributed support; install a standard torch wheel")
-    if resolved == "nccl":
+    if torch.cuda.is_available():  # on CUDA every rank works on its own GPU, whatever the backend
         from .env import ParallelEnv
 
         device_id = ParallelEnv().device_id % torch.cuda.device_count()

@@ -3,7 +3,7 @@
 2 ranks on gloo, one thread each. For each model both engines live in the same
 two processes (same init, same data) and are timed alternately in blocks, so
 machine noise hits both alike; the compute-only step (no all-reduce) is timed
-too. Peak RSS is measured per engine in a fresh pair of processes.
+too. Peak RSS is measured per engine in fresh pairs of processes (median of 3).
 
     python benchmarks/dp_vs_ddp.py [--blocks 6] [--steps 5] [--models conv,mlp,big]
 
@@ -122,7 +122,12 @@ def main(argv=None) -> dict:
     for name in args.models.split(","):
         t = run_ranks(timing_worker, args=(name, args.blocks, args.steps), timeout=1800)
         med = {k: max(statistics.median(r[k]) for r in t) * 1e3 for k in ("ours", "ddp", "compute")}
-        mem = {e: max(run_ranks(memory_worker, args=(name, e, 5), timeout=600)) for e in ("ours", "ddp")}
+        # peak RSS varies from run to run (allocator timing): median of 3 fresh runs per engine, alternating
+        runs = {"ours": [], "ddp": []}
+        for _ in range(3):
+            for e in runs:
+                runs[e].append(max(run_ranks(memory_worker, args=(name, e, 5), timeout=600)))
+        mem = {e: statistics.median(v) for e, v in runs.items()}
         rows.append({
             "model": name, "params": t[0]["params"], "fleetlite_ms": med["ours"], "ddp_ms": med["ddp"],
             "ratio": med["ours"] / med["ddp"], "no_sync_ms": med["compute"],

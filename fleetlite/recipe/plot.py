@@ -14,8 +14,9 @@ from __future__ import annotations
 import csv
 import math
 import os
-import uuid
 from pathlib import Path
+
+from ..utils.atomic import atomic_open
 
 __all__ = ["plot_training_curves", "read_metrics", "matplotlib_available", "missing_note"]
 
@@ -96,14 +97,6 @@ def plot_training_curves(csv_path: str | os.PathLike, png_path: str | os.PathLik
     fig.tight_layout()
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png_path.with_name(f".{png_path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as f:
-            fig.savefig(f, format="png")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, png_path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_open(png_path, "wb") as f:  # Note [atomic write]
+        fig.savefig(f, format="png")
     return png_path

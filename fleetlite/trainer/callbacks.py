@@ -27,11 +27,11 @@ Example::
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+from ..utils.atomic import atomic_write_text
 from .callback_base import Callback, CallbackList, History, is_rank_zero
 from .early_stopping import EarlyStopping
 from .model_checkpoint import ModelCheckpoint
@@ -99,27 +99,6 @@ class LRScheduler(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
-    import uuid
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
 
 
 class CSVLogger(Callback):

@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from ..utils.atomic import atomic_open, fsync_dir, temp_name
+
 __all__ = [
     "CheckpointError",
     "FORMAT",
@@ -103,23 +105,6 @@ def check_plain(obj: Any, where: str = "state") -> None:
                 "torch.load(weights_only=True). Convert it (e.g. return plain values from state_dict()).")
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-
-
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: bool = False) -> Path:
     """Write ``state`` atomically to ``path`` (see Note [atomic checkpoint]); returns the path.
 
@@ -139,23 +124,12 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: b
     except OSError as e:
         raise CheckpointError(path, f"cannot create the directory {path.parent}: {e.strerror or e}; "
                                     "choose a writable save_dir") from e
-    tmp = _tmp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        with atomic_open(path, "wb") as f:  # Note [atomic write]
             torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as e:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise CheckpointError(path, f"writing failed ({e.strerror or e}); the previous checkpoint, if any, is "
-                                        "unchanged. Free disk space or choose a writable save_dir") from e
-        raise
+    except OSError as e:
+        raise CheckpointError(path, f"writing failed ({e.strerror or e}); the previous checkpoint, if any, is "
+                                    "unchanged. Free disk space or choose a writable save_dir") from e
     if latest:
         atomic_alias(path, path.parent / LATEST)
     return path
@@ -164,7 +138,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: b
 def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Make ``dst`` a hard link to (or, failing that, a copy of) ``src``, atomically replacing ``dst``."""
     src, dst = Path(src), Path(dst)
-    tmp = _tmp_name(dst)
+    tmp = temp_name(dst)
     try:
         try:
             os.link(src, tmp)
@@ -173,7 +147,7 @@ def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
     except BaseException:
         try:
             tmp.unlink()

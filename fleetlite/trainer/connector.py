@@ -61,6 +61,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+# the strategy the last Trainer passed to fleet.init, so that a later Trainer(strategy=None) does not inherit it
+_trainer_set_strategy: dict[str, Any] = {}
+
+
 class Connector:
     """Environment, strategy and wrapping for one Trainer.
 
@@ -83,7 +87,12 @@ class Connector:
 
         s = self.user_strategy
         if s is None:
-            return fleet.get_strategy() if fleet.is_initialized() else fleet.DistributedStrategy()
+            # a strategy the user gave fleet.init applies; one left by an earlier Trainer's own fleet.init does not
+            if fleet.is_initialized():
+                current = fleet.get_strategy()
+                if current.to_dict() != _trainer_set_strategy.get("dict"):
+                    return current
+            return fleet.DistributedStrategy()
         if isinstance(s, fleet.DistributedStrategy):
             return copy.deepcopy(s)
         if isinstance(s, dict) or hasattr(s, "items"):
@@ -104,6 +113,7 @@ class Connector:
             self.accumulate_avg = bool(run.gradient_merge_configs["avg"])
             run.gradient_merge = False
         fleet.init(is_collective=True, strategy=run)
+        _trainer_set_strategy["dict"] = run.to_dict()
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._started = True

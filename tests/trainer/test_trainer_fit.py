@@ -167,3 +167,17 @@ def test_bf16_amp_strategy_trains():
     hist = t.fit(dataset(32), epochs=2, batch_size=8, verbose=0)
     assert all(torch.isfinite(torch.tensor(v)) for v in hist.history["loss"])
     assert hist.history["loss"][1] < hist.history["loss"][0]
+
+
+def test_a_trainer_does_not_inherit_the_strategy_of_an_earlier_trainer():
+    from fleetlite.distributed import fleet
+
+    trainer(strategy={"amp": True, "amp_configs": {"dtype": "bfloat16"}}).fit(dataset(16), batch_size=8, verbose=0)
+    plain = trainer()
+    plain.fit(dataset(16), batch_size=8, verbose=0)
+    assert plain.strategy.amp is False
+    # ... but a strategy the user gave fleet.init applies to a Trainer built without one
+    fleet.init(is_collective=True, strategy=fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "bfloat16"}))
+    user = trainer()
+    user.fit(dataset(16), batch_size=8, verbose=0)
+    assert user.strategy.amp is True

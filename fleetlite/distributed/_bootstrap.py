@@ -71,6 +71,8 @@ def export_paddle_env(env: MutableMapping[str, str] | None = None) -> None:
     port = int(env.get("MASTER_PORT", "6170"))
     env["PADDLE_TRAINER_ID"] = str(rank)
     env["PADDLE_TRAINERS_NUM"] = str(world)
+    # the same formula as env.trainer_endpoint; this script runs before the package is imported, so it
+    # keeps its own copy rather than pull torch in ahead of the user's script
     if local_world == world:  # one node: every endpoint is known
         eps = [f"{addr}:{port + 1 + i}" for i in range(world)]
     else:

@@ -141,9 +141,14 @@ def _torchrun_endpoints(env: Mapping[str, str], rank: int, world_size: int, loca
     host = addr or "127.0.0.1"
     base = port or 6170
     if local_world_size == world_size:  # a single node: every endpoint is known
-        endpoints = tuple(f"{host}:{base + 1 + i}" for i in range(world_size))
+        endpoints = tuple(trainer_endpoint(host, base, i) for i in range(world_size))
         return endpoints, endpoints[rank]
     return (), ""  # other nodes' hosts are unknown here (`fleetlite launch` exchanges them)
+
+
+def trainer_endpoint(host: str, master_port: int, rank: int) -> str:
+    """Paddle's ``HOST:PORT`` for ``rank``: informational ports above the master port (one per trainer)."""
+    return f"{host}:{master_port + 1 + rank}"
 
 
 def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:

@@ -8,6 +8,8 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
+from .env import trainer_endpoint
+
 __all__ = ["spawn", "SpawnError", "find_free_port"]
 
 
@@ -39,7 +41,7 @@ def worker_env(rank: int, world_size: int, master_addr: str, master_port: int,
     """The variables a worker needs, in both torchrun's and Paddle's conventions."""
     local_rank = rank if local_rank is None else local_rank
     local_world_size = world_size if local_world_size is None else local_world_size
-    endpoints = ",".join(f"{master_addr}:{master_port + 1 + i}" for i in range(world_size))
+    endpoints = [trainer_endpoint(master_addr, master_port, i) for i in range(world_size)]
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -49,8 +51,8 @@ def worker_env(rank: int, world_size: int, master_addr: str, master_port: int,
         "MASTER_PORT": str(master_port),
         "PADDLE_TRAINER_ID": str(rank),
         "PADDLE_TRAINERS_NUM": str(world_size),
-        "PADDLE_TRAINER_ENDPOINTS": endpoints,
-        "PADDLE_CURRENT_ENDPOINT": f"{master_addr}:{master_port + 1 + rank}",
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+        "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
     }
 
 

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fleetlite  # noqa: E402
 from fleetlite.testing import run_ranks  # noqa: E402
+from fleetlite.utils.atomic import atomic_write_text  # noqa: E402
 
 
 class ConvNet(nn.Module):
@@ -147,11 +148,7 @@ def main(argv=None) -> dict:
     out = {"benchmark": "dp_vs_ddp", "world_size": 2, "backend": "gloo", "threads_per_rank": 1,
            "torch": torch.__version__, "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "blocks": args.blocks, "steps_per_block": args.steps, "rows": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=2)
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(out, indent=2))
     print(f"wrote {args.out}")
     return out
 

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 import torch
@@ -34,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from fleetlite.io import DataLoader, TensorLoader  # noqa: E402
+from fleetlite.utils.atomic import atomic_write_text  # noqa: E402
 from fleetlite.vision.datasets import SyntheticCifar10  # noqa: E402
 from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD, normalize  # noqa: E402
 
@@ -90,13 +90,7 @@ def airbench_style(images, labels, batch_size: int, epochs: int) -> float:
 
 
 def atomic_write_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2))
 
 
 def main(argv=None) -> dict:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fleetlite.testing import run_ranks  # noqa: E402
+from fleetlite.utils.atomic import atomic_write_text  # noqa: E402
 
 
 def _setup(samples: int, batch: int, seed: int):
@@ -138,13 +139,7 @@ def main() -> None:
            "data": "TensorLoader over SyntheticCifar10, crop+flip", "config": config, "results": rows,
            "torch": str(torch.__version__), "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "note": "ratio = median over blocks of (Trainer block time / hand-loop block time), same processes"}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(out, indent=2))
     print(f"wrote {args.out}")
 
 

@@ -55,12 +55,13 @@ def _chunks_by_dtype(tensors: Sequence[torch.Tensor], cap_bytes: int):
             yield chunk
 
 
-def broadcast_coalesced(tensors: Iterable[torch.Tensor], group=None, cap_bytes: int = 256 * 1024 * 1024) -> None:
-    """Broadcast ``tensors`` in place from the group's rank 0, one flat message per dtype chunk."""
+def broadcast_coalesced(tensors: Iterable[torch.Tensor], group=None, cap_bytes: int = 256 * 1024 * 1024,
+                        src: int = 0) -> None:
+    """Broadcast ``tensors`` in place from the group's rank ``src``, one flat message per dtype chunk."""
     tensors = [t for t in tensors if t.numel() > 0]
     if group_size(group) == 1 or not tensors:
         return
-    src = global_src(group)
+    src = global_src(group) if src == 0 else (src if group is None else tdist.get_global_rank(group, src))
     is_src = tdist.get_rank() == src
     for chunk in _chunks_by_dtype(tensors, cap_bytes):
         with torch.no_grad():

@@ -1,16 +1,22 @@
-"""``fleetlite.DataParallel``: Paddle's DataParallel on our own bucketed all-reduce engine."""
+"""``fleetlite.DataParallel``: Paddle's DataParallel on our own bucketed all-reduce engine, a drop-in for torch DDP."""
 
 from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as tdist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.utils._pytree import tree_map
 
 from .comm import broadcast_coalesced, group_size, verify_same_params
+from .comm_hooks import check_comm_hook
+from .ddp_args import resolve
+from .join import DataParallelJoinHook, announce_step
 from .reducer import Reducer
 
 __all__ = ["DataParallel"]
@@ -39,29 +45,49 @@ def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missin
         state_dict[inner + rest] = state_dict.pop(key)
 
 
-class DataParallel(nn.Module):
+class DataParallel(nn.Module, Joinable):
     """Data-parallel wrapper: gradients are averaged across ranks during backward.
 
-    Parameters that require grad are grouped (reverse registration order, per
-    dtype and device) into flat buckets of at most ``comm_buffer_size`` MB;
-    the bucket reduced last is capped at ``last_comm_buffer_size`` MB.
-    ``param.grad`` is a view into its bucket, and each bucket's all-reduce
-    starts as soon as its gradients are final, overlapping the rest of
-    backward. With world size 1 the wrapper is a transparent pass-through.
+    A drop-in for ``torch.nn.parallel.DistributedDataParallel`` (same
+    arguments, same numbers; see the README's "Migrating from DDP") that also
+    takes Paddle's argument names. Parameters that require grad are grouped
+    (reverse registration order, per dtype and device) into flat buckets of at
+    most ``comm_buffer_size`` MB; the bucket reduced last is capped at
+    ``last_comm_buffer_size`` MB. ``param.grad`` is always a view into its
+    bucket, with the parameter's strides (what DDP calls
+    ``gradient_as_bucket_view=True``), and each bucket's all-reduce starts as
+    soon as its gradients are final, overlapping the rest of backward. With
+    world size 1 the wrapper is a transparent pass-through.
 
     Args:
-        layers: the model.
+        layers: the model (torch DDP's ``module``; either name).
         strategy: accepted for Paddle compatibility; a ``DistributedStrategy``
             supplies defaults through :func:`fleet.distributed_model` instead.
-        comm_buffer_size: bucket size in MB (float allowed).
+            A list here is taken as torch DDP's positional ``device_ids``.
+        comm_buffer_size: bucket size in MB (float allowed); torch DDP's ``bucket_cap_mb``.
         last_comm_buffer_size: size of the last-reduced bucket in MB.
         find_unused_parameters: allow parameters that get no gradient in a step
-            (they are reduced as zeros); costs a graph walk per forward.
-        group: the process group (default: the world).
+            (those used on no rank keep ``.grad``, ``None`` stays ``None``); costs a
+            graph walk per forward.
+        group: the process group (default: the world); torch DDP's ``process_group``.
         broadcast_buffers: make buffers (e.g. BatchNorm statistics) follow rank
-            0 at each training forward, as torch DDP does.
+            0 at each training forward, as torch DDP does (``False`` also skips
+            them at construction, as DDP).
         comm_dtype: all-reduce buckets in this dtype (``torch.float16`` or
             ``torch.bfloat16``) and cast back; ``None`` keeps the gradient dtype.
+            A shortcut for registering torch's fp16/bf16 compress hook.
+        device_ids, output_device: torch DDP's; must name the module's own CUDA
+            device (checked); inputs are moved there in forward, as DDP does.
+        dim: torch DDP's (unused there too for one device per process); checked to be an int.
+        check_reduction: accepted and ignored (deprecated in torch DDP).
+        gradient_as_bucket_view: accepted; gradients are always bucket views here.
+        static_graph: the set of used parameters and the number of times each is
+            used are the same every step: after the first step no graph walk is
+            needed, and reentrant activation checkpointing (also of a block run
+            twice) works, as with torch DDP.
+        init_sync: ``False`` skips the construction-time shape check and broadcast.
+        device_mesh: a 1-D mesh whose group is used (torch DDP's).
+        forward_sync_buffers: torch DDP's newer name for the per-forward buffer broadcast.
 
     Example::
 
@@ -71,14 +97,25 @@ class DataParallel(nn.Module):
         model(torch.randn(4, 10)).sum().backward()   # grads averaged over ranks
     """
 
-    def __init__(self, layers: nn.Module, strategy=None, comm_buffer_size: float = 25,
-                 last_comm_buffer_size: float = 1, find_unused_parameters: bool = False, group=None,
-                 broadcast_buffers: bool = True, comm_dtype: torch.dtype | None = None):
+    def __init__(self, layers: nn.Module | None = None, strategy=None, comm_buffer_size: float | None = None,
+                 last_comm_buffer_size: float | None = None, find_unused_parameters: bool = False, group=None,
+                 broadcast_buffers: bool | None = None, comm_dtype: torch.dtype | None = None, *,
+                 module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0,
+                 process_group=None, bucket_cap_mb: float | None = None, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False, init_sync: bool = True,
+                 device_mesh=None, forward_sync_buffers: bool | None = None, batched_grad_copy: bool = False,
+                 **ddp_kwargs):
         super().__init__()
-        if not isinstance(layers, nn.Module):
-            raise TypeError(f"DataParallel wraps an nn.Module, got {type(layers).__name__}")
-        if isinstance(layers, DataParallel):
+        Joinable.__init__(self)
+        if isinstance(strategy, (list, tuple)):  # DDP(model, [local_rank])
+            if device_ids is not None:
+                raise ValueError("DataParallel got device_ids twice (positionally and by keyword)")
+            strategy, device_ids = None, strategy
+        if isinstance(layers, DataParallel) or isinstance(module, DataParallel):
             raise TypeError("the model is already wrapped in DataParallel; wrap the plain module once")
+        cfg = resolve(layers, module, group, process_group, device_mesh, comm_buffer_size, bucket_cap_mb,
+                      last_comm_buffer_size, device_ids, output_device, dim, broadcast_buffers,
+                      forward_sync_buffers, ddp_kwargs)
         if comm_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
             raise ValueError(f"comm_dtype={comm_dtype!r} must be None (the gradients' dtype), torch.float16, "
                              "torch.bfloat16 or torch.float32")
@@ -86,25 +123,71 @@ class DataParallel(nn.Module):
             warnings.warn("DataParallel(strategy=DistributedStrategy) does not apply the strategy; use "
                           "fleet.init(strategy=...) and fleet.distributed_model(model), which configure "
                           "DataParallel from it", stacklevel=2)
+        layers = cfg.module
         self._layers = layers
         self._strategy = strategy
-        self.group = group
+        self.group = cfg.group
         self.find_unused_parameters = bool(find_unused_parameters)
-        self.broadcast_buffers = bool(broadcast_buffers)
-        self.comm_buffer_size = comm_buffer_size
-        self.last_comm_buffer_size = last_comm_buffer_size
+        self._forward_sync_buffers = cfg.forward_sync_buffers
+        self.comm_buffer_size = cfg.comm_buffer_size
+        self.last_comm_buffer_size = cfg.last_comm_buffer_size
+        self.comm_dtype = comm_dtype
+        self.device_ids, self.output_device, self.dim = cfg.device_ids, cfg.output_device, dim
+        self.check_reduction = check_reduction
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.static_graph = bool(static_graph)
         self.require_backward_grad_sync = True
-        self.world_size = group_size(group)
-        named = [(n, p) for n, p in layers.named_parameters() if p.requires_grad]
-        if self.world_size > 1:
-            verify_same_params(named, group)
+        self.require_forward_param_sync = True
+        self._divide_by_initial_world_size = True
+        ignored = set(getattr(layers, "_ddp_params_and_buffers_to_ignore", ()))
+        self._ignored = ignored
+        named = [(n, p) for n, p in layers.named_parameters() if p.requires_grad and n not in ignored]
+        if not named:
+            raise RuntimeError(
+                "DataParallel is not needed when a module doesn't have any parameter that requires a gradient "
+                f"({type(layers).__name__} has none to average). Run it without the wrapper, or unfreeze the "
+                "parameters to train (requires_grad=True) before wrapping.")
+        if len({p.device.type for _, p in named}) != 1:
+            raise ValueError("DataParallel's input module must be on the same type of devices, but its parameters "
+                             f"are on {sorted({str(p.device) for _, p in named})}")
+        self.device = named[0][1].device
+        self.world_size = group_size(self.group)
+        if self.world_size > 1 and init_sync:
+            verify_same_params(named, self.group)
             # in chunks of 16 MB: a flat copy of the whole model would double its memory for a moment
-            broadcast_coalesced([p.data for p in layers.parameters()] + [b for b in layers.buffers()], group,
-                                cap_bytes=_BROADCAST_CHUNK)
-        self._reducer = Reducer(named, group, self.world_size, comm_buffer_size, last_comm_buffer_size,
-                                self.find_unused_parameters, comm_dtype)
+            tensors = [p.data for p in self._params_to_sync()]
+            if cfg.init_sync_buffers:
+                tensors += self._sync_buffers_list()
+            broadcast_coalesced(tensors, self.group, cap_bytes=_BROADCAST_CHUNK)
+        self._build_reducer()
         # inside a parent module, the parent's state_dict holds our module's own keys (see state_dict)
         self._register_load_state_dict_pre_hook(_unprefixed_keys_pre_hook)
+
+    def _build_reducer(self) -> None:
+        named = [(n, p) for n, p in self._layers.named_parameters() if p.requires_grad and n not in self._ignored]
+        self._reducer = Reducer(named, self.group, self.world_size, self.comm_buffer_size,
+                                self.last_comm_buffer_size, self.find_unused_parameters, self.comm_dtype,
+                                static_graph=self.static_graph)
+
+    def _params_to_sync(self) -> list[torch.Tensor]:
+        return [p for n, p in self._layers.named_parameters() if n not in self._ignored]
+
+    def _sync_buffers_list(self) -> list[torch.Tensor]:
+        return [b for n, b in self._layers.named_buffers() if n not in self._ignored]
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """Whether buffers follow the authoritative rank at each training forward."""
+        return self._forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self._forward_sync_buffers = bool(value)
+
+    @property
+    def process_group(self):
+        """torch DDP's name for :attr:`group` (``None``: the default group)."""
+        return self.group
 
     # ------------------------------------------------------------------ access
     @property
@@ -119,18 +202,104 @@ class DataParallel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs, **kwargs):
+        if self.device_ids:  # as torch DDP: inputs follow the module to its device
+            dev = torch.device("cuda", self.device_ids[0])
+            inputs, kwargs = tree_map(lambda t: t.to(dev, non_blocking=True) if isinstance(t, torch.Tensor)
+                                      else t, (inputs, kwargs))
         if self.world_size == 1:
             return self._layers(*inputs, **kwargs)
-        if self.broadcast_buffers and self._layers.training:
-            buffers = [b for b in self._layers.buffers()]
-            if buffers:
-                broadcast_coalesced(buffers, self.group)
+        reducer = self._reducer
+        reducer.resume_if_interrupted()  # Note [interrupted backward] in reducer.py
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        buffers = self._forward_sync_buffers and self._layers.training and bool(self._sync_buffers_list())
+        src = 0
+        if self._join_config.enable:  # Note [join collectives] in join.py
+            work = Join.notify_join_context(self)
+            sync_all, buffers, src = announce_step(self, sync, buffers)
+            if sync and work is not None:
+                if self._divide_by_initial_world_size:
+                    reducer.set_divisor(self.world_size)
+                else:
+                    work.wait()
+                    reducer.set_divisor(int(work.result()[0].item()))
+        if buffers:
+            broadcast_coalesced(self._sync_buffers_list(), self.group, src=src)
         out = self._layers(*inputs, **kwargs)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
-            self._reducer.prepare_for_backward(out)
-        else:
-            self._reducer._expect_hooks = False
+        if sync:
+            reducer.prepare_for_backward(out)
         return out
+
+    # --------------------------------------------------------- torch DDP API
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> torch.futures.Future[Tensor]``, as torch DDP.
+
+        ``bucket`` offers torch's ``GradBucket`` methods (``buffer()``, ``index()``, ``is_last()``,
+        ``gradients()``, ``parameters()``, ``set_buffer()``), so torch's own hooks work unchanged.
+
+        Example::
+
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        """
+        check_comm_hook(hook)
+        if self._reducer.comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once (as with torch DDP)")
+        if self.comm_dtype is not None:
+            raise RuntimeError(f"DataParallel(comm_dtype={self.comm_dtype}) already compresses the all-reduce; "
+                               "use either comm_dtype or a communication hook, not both")
+        self._reducer.comm_hook_state = state
+        self._reducer.comm_hook = hook
+
+    def _set_static_graph(self) -> None:
+        """torch DDP's older switch for ``static_graph=True``; call before the first forward."""
+        if self._reducer._iteration or self._reducer._expect_hooks:
+            raise RuntimeError("_set_static_graph() must be called before the first training iteration")
+        self.static_graph = True
+        comm = (self._reducer.comm_hook_state, self._reducer.comm_hook)
+        self._reducer.remove_hooks()
+        self._build_reducer()
+        self._reducer.comm_hook_state, self._reducer.comm_hook = comm
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """Context manager for uneven inputs across ranks, as torch DDP's ``join``.
+
+        Example::
+
+            with model.join():
+                for x in my_batches:          # ranks may have different numbers of batches
+                    model(x).sum().backward()
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> JoinHook:
+        """The hook torch's ``Join`` runs on a rank that ran out of inputs (``divide_by_initial_world_size``)."""
+        return DataParallelJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.device
+
+    @property
+    def join_process_group(self):
+        return self.group if self.group is not None else tdist.group.WORLD
+
+    # ---------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict:
+        """Everything but the reducer (rebuilt on load); only with the default group, as torch DDP."""
+        if self.group is not None and self.group is not tdist.group.WORLD:
+            raise RuntimeError("DataParallel can be pickled / deep-copied only when it uses the default process "
+                               "group (as torch DDP); pickle model.module instead")
+        state = dict(self.__dict__)
+        state.pop("_reducer", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """A working wrapper over the loaded (or copied) module: hooks on its own parameters, no collective."""
+        super().__setstate__(state)
+        self.world_size = group_size(self.group)
+        self._build_reducer()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -169,6 +338,6 @@ class DataParallel(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             layers = self._modules.get("_layers")
-            if layers is not None and name not in ("_reducer",) and hasattr(layers, name):
+            if layers is not None and name not in ("_reducer", "_layers") and hasattr(layers, name):
                 return getattr(layers, name)
             raise

@@ -2,7 +2,10 @@
 
 Note [grad views]
     Each bucket is one flat buffer and ``param.grad`` is a view into it, so a
-    gradient is stored once and needs no copy before the all-reduce. When a
+    gradient is stored once and needs no copy before the all-reduce. A view
+    has its parameter's strides when the parameter is dense and
+    non-overlapping (a ``channels_last`` weight gets a ``channels_last``
+    gradient, as in torch DDP), else it is a plain reshaped slice. When a
     user sets grads to ``None`` (``zero_grad(set_to_none=True)``), autograd
     hands the next gradient over as a fresh tensor; the hook copies it into
     the bucket slot and points ``param.grad`` back at the view.
@@ -10,36 +13,87 @@ Note [grad views]
 Note [divide before sum]
     A bucket is scaled by ``1/world`` before the all-reduce (as torch DDP
     does), so fp16 sums cannot overflow where the mean would not, and the
-    result is the mean with DDP's exact rounding.
+    result is the mean with DDP's exact rounding. Under ``join()`` with
+    ``divide_by_initial_world_size=False`` the divisor is the number of
+    ranks not yet joined. With a communication hook the hook divides
+    (Note [hook buffers] in comm_hooks.py).
 
 Note [bucket tail]
     The bucket reduced last carries a few extra elements after the
     gradients: slot 0 counts parameters that got no gradient on some rank
-    (an error without ``find_unused_parameters``), then one "used" slot per
-    parameter when ``find_unused_parameters`` is on. Riding on the last
-    all-reduce, every rank learns of a missing gradient anywhere at no extra
-    collective, and all ranks raise the same error instead of hanging.
+    (an error without ``find_unused_parameters``), slot 1 counts ranks whose
+    backward was interrupted (Note [interrupted backward]), then one "used"
+    slot per parameter when ``find_unused_parameters`` or ``static_graph``
+    is on. Riding on the last all-reduce, every rank learns of a missing
+    gradient anywhere at no extra collective, and all ranks raise the same
+    error instead of hanging. The tail is read on the host right after the
+    step when it lives on the CPU (the all-reduce was waited anyway), in the
+    first iterations, and with ``find_unused_parameters`` (as torch DDP reads
+    its used map); otherwise (CUDA, steady state) it is copied to pinned
+    memory without blocking and checked at the next forward, so a normal
+    synced step never waits on the host.
+
+Note [used map]
+    A parameter is *used* when its gradient hook fired with a defined
+    gradient, in the synced backward or in any ``no_sync`` backward of the
+    same accumulation window (torch DDP's ``local_used_map``). A parameter
+    used on no rank keeps the ``.grad`` it had (``None`` stays ``None``); a
+    parameter used on some rank gets the average everywhere.
+
+Note [interrupted backward]
+    An exception in the middle of a synced backward leaves all-reduces
+    launched for some buckets and not for others. At the next forward the
+    rank completes that step's collectives (the missing buckets as zeros,
+    slot 1 of the tail set), waits for all of them and discards the step's
+    gradients (``.grad`` becomes ``None``), so the ranks stay matched and no
+    stale all-reduce writes into a later step. A rank whose own backward
+    completed learns from the tail that the step was interrupted elsewhere
+    and raises instead of keeping a wrong average.
+
+Note [finalize in the outer backward]
+    The end-of-backward callback is queued from a pre-hook on the forward
+    outputs' graph nodes, i.e. in the outermost backward. A reentrant
+    checkpoint runs a nested backward whose own end must not finalize the
+    step (torch DDP's ``test_ddp_checkpointing_once``).
 
 See also Note [bucket order] and Note [last bucket] in buckets.py.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as tdist
 
 from .buckets import Bucket, module_units, plan_buckets
+from .comm_hooks import GradBucket, future_tensor
+from .reducer_checks import (
+    TAIL_FLAGS,
+    interrupted_error,
+    missing_error,
+    ready_twice_error,
+    warn_discarded,
+)
 
 __all__ = ["Reducer"]
 
 _FUSED_SCALE_NUMEL = 1 << 18
+_SYNC_CHECK_ITERS = 2  # Note [bucket tail]: synchronous checks in the first synced steps
 
-_RECOMPUTE_HINT = (
-    "This happens when a PyLayer / reentrant checkpoint calls backward inside backward, or when backward runs "
-    "twice for one forward. Run such steps under `model.no_sync()` and call "
-    "`fused_allreduce_gradients(list(model.parameters()), None)` before the optimizer step, or use "
-    "torch.utils.checkpoint(..., use_reentrant=False)."
-)
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` is dense and non-overlapping (its strides can lay out a gradient of the same size)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d])):
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
 
 
 class Reducer:
@@ -47,12 +101,14 @@ class Reducer:
 
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], group, world_size: int,
                  comm_buffer_size: float, last_comm_buffer_size: float, find_unused_parameters: bool,
-                 comm_dtype: torch.dtype | None = None):
+                 comm_dtype: torch.dtype | None = None, static_graph: bool = False):
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.group = group
         self.world = world_size
-        self.find_unused = find_unused_parameters
+        self.static_graph = static_graph
+        self.find_unused = find_unused_parameters and not static_graph  # DDP ignores it with a static graph
+        self.track_used = find_unused_parameters or static_graph
         self.comm_dtype = comm_dtype
         self.buckets: list[Bucket] = plan_buckets(self.params, comm_buffer_size, last_comm_buffer_size,
                                                   units=module_units(self.names))
@@ -60,19 +116,29 @@ class Reducer:
         self.param_bucket = [0] * n
         self.views: list[torch.Tensor | None] = [None] * n
         self.tail: torch.Tensor | None = None
+        self.comm_hook = None
+        self.comm_hook_state = None
         self._hooks = []
+        self._lock = threading.Lock()
         if world_size > 1 and n:
             self._allocate()
             self._register_hooks()
         self._expect_hooks = False
         self._queued = False
+        self._fired = False
+        self._works: list = []
         self._inv_world = 1.0 / world_size
+        self._iteration = 0
+        self._deferred = None
+        self._local_used = [False] * n
+        self._static_counts: list[int] | None = None  # hook calls per parameter, from the first iteration
+        self._static_used: list[float] | None = None
         # per-call overhead dominates below this size: copy, then scale the whole bucket at once
         self._big = [p.numel() >= _FUSED_SCALE_NUMEL for p in self.params]
 
     # ------------------------------------------------------------------ setup
     def _allocate(self) -> None:
-        tail_len = 1 + (len(self.params) if self.find_unused else 0)
+        tail_len = TAIL_FLAGS + (len(self.params) if self.track_used else 0)
         last = len(self.buckets) - 1
         for b in self.buckets:
             extra = tail_len if b.index == last else 0
@@ -80,7 +146,10 @@ class Reducer:
             for i, off in zip(b.param_indices, b.offsets):
                 p = self.params[i]
                 self.param_bucket[i] = b.index
-                view = b.buffer[off:off + p.numel()].view_as(p)
+                if _dense(p):  # Note [grad views]: keep the parameter's memory format
+                    view = b.buffer.as_strided(p.shape, p.stride(), b.buffer.storage_offset() + off)
+                else:
+                    view = b.buffer[off:off + p.numel()].view(p.shape)
                 if p.grad is not None:  # else stays None until a gradient arrives, as in plain torch
                     view.copy_(p.grad)
                     p.grad = view
@@ -94,8 +163,7 @@ class Reducer:
 
     def _make_hook(self, i: int):
         def hook(_param):
-            if self._expect_hooks:
-                self._mark_ready(i)
+            self._on_grad(i)
 
         return hook
 
@@ -103,6 +171,10 @@ class Reducer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+    def set_divisor(self, divisor: int) -> None:
+        """Average over ``divisor`` ranks in the next synced backward (see Note [divide before sum])."""
+        self._inv_world = 1.0 / divisor
 
     # ------------------------------------------------------------- per step
     def prepare_for_backward(self, outputs) -> None:
@@ -115,26 +187,68 @@ class Reducer:
                     f"but was {b.dtype} on {b.device} when the model was wrapped. Move or cast the model "
                     "(.to(), .double(), .half()) before wrapping it in DataParallel / fleet.distributed_model."
                 )
+        self.resume_if_interrupted()
         n = len(self.params)
         self._ready = [False] * n
-        self._used = [True] * n
         self._pending = [len(b.param_indices) for b in self.buckets]
         self._next = 0
-        self._works: list = []
+        self._works = []
         self._missing: list[int] = []
         self._was_none = [False] * n
         self._prescaled = [False] * n
         self._n_prescaled = [0] * len(self.buckets)
-        self._expect_hooks = True
+        self._counts = [0] * n
+        self._delay = self.static_graph and self._static_counts is None
+        self._fired = False
         self._queued = False
-        if self.find_unused:
+        self._expect_hooks = True
+        self._hook_outer_backward(outputs)
+        if self._delay:
+            return
+        if self._static_counts is not None:
+            unused = [i for i, c in enumerate(self._static_counts) if c == 0]
+        elif self.find_unused:
             reached = _reachable_params(outputs)
-            for i, p in enumerate(self.params):
-                if p not in reached:
-                    self._used[i] = False
-                    self._take_grad(i)
-                    self._ready[i] = True
-                    self._pending[self.param_bucket[i]] -= 1
+            unused = [i for i, p in enumerate(self.params) if p not in reached]
+        else:
+            return
+        for i in unused:
+            self._take_grad(i)
+            self._ready[i] = True
+            self._pending[self.param_bucket[i]] -= 1
+
+    def _hook_outer_backward(self, outputs) -> None:
+        # Note [finalize in the outer backward]
+        for t in _tensors(outputs):
+            if t.grad_fn is not None:
+                t.grad_fn.register_prehook(self._outer_prehook)
+
+    def _outer_prehook(self, grad_outputs):
+        if self._expect_hooks and not self._queued:
+            with self._lock:
+                self._queue_finalize()
+        return None
+
+    def _queue_finalize(self) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+
+    def _on_grad(self, i: int) -> None:
+        # hooks may fire on two autograd threads (parameters on two devices): one at a time
+        with self._lock:
+            if self.track_used and self.params[i].grad is not None:
+                self._local_used[i] = True  # Note [used map], also under no_sync
+            if not self._expect_hooks:
+                return
+            self._fired = True
+            self._queue_finalize()
+            if self._delay or self._static_counts is not None:
+                self._counts[i] += 1
+                if self._delay or self._counts[i] < self._static_counts[i]:
+                    self._take_grad(i)  # more gradient to come: accumulate in the view
+                    return
+            self._mark_ready(i)
 
     def _take_grad(self, i: int, scale: bool = False) -> None:
         """Make ``param.grad`` the bucket view again; see Note [grad views].
@@ -150,7 +264,7 @@ class Reducer:
         if g is None:
             view.zero_()
             self._was_none[i] = True
-        elif scale and self._big[i]:
+        elif scale and self._big[i] and self.comm_hook is None:
             torch.mul(g, self._inv_world, out=view)
             self._prescaled[i] = True
             self._n_prescaled[self.param_bucket[i]] += 1
@@ -160,16 +274,10 @@ class Reducer:
 
     def _mark_ready(self, i: int) -> None:
         if self._ready[i]:
-            raise RuntimeError(
-                f"DataParallel: parameter {self.names[i]!r} received a gradient after it was already marked "
-                f"ready in this backward pass (its bucket may already be reduced). {_RECOMPUTE_HINT}"
-            )
+            raise ready_twice_error(self.names[i])
         self._ready[i] = True
         if self.params[i].grad is not self.views[i]:
             self._take_grad(i, scale=True)
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         b = self.param_bucket[i]
         self._pending[b] -= 1
         if self._pending[b] == 0:
@@ -182,65 +290,171 @@ class Reducer:
             self._launch(buckets[self._next])
             self._next += 1
 
-    def _launch(self, b: Bucket) -> None:
+    def _launch(self, b: Bucket, aborted: bool = False) -> None:
         buf = b.buffer
-        # Note [divide before sum]: slots copied in by the hook were scaled on the way in
-        done = self._n_prescaled[b.index]
-        if done == 0:
-            buf.mul_(self._inv_world)
-        elif done < len(b.param_indices):
-            for i in b.param_indices:
-                if not self._prescaled[i]:
-                    self.views[i].mul_(self._inv_world)
+        if self.comm_hook is None:
+            # Note [divide before sum]: slots copied in by the hook were scaled on the way in
+            done = self._n_prescaled[b.index]
+            if done == 0:
+                buf.mul_(self._inv_world)
+            elif done < len(b.param_indices):
+                for i in b.param_indices:
+                    if not self._prescaled[i]:
+                        self.views[i].mul_(self._inv_world)
         if b.index == len(self.buckets) - 1:  # Note [bucket tail]
-            tail = self.tail
-            # with find_unused_parameters a late-missing gradient (e.g. an output left out of the
-            # loss) is an unused parameter, not an error
-            tail[0] = 0.0 if self.find_unused else float(len(self._missing))
-            if self.find_unused:
-                tail[1:] = torch.tensor(self._used, dtype=tail.dtype, device=tail.device)
+            self._write_tail(aborted)
+        self._communicate(b, buf, [self.views[i] for i in b.param_indices])
+
+    def _write_tail(self, aborted: bool) -> None:
+        tail = self.tail
+        # with find_unused_parameters a late-missing gradient (e.g. an output left out of the
+        # loss) is an unused parameter, not an error
+        tail[0] = 0.0 if (self.find_unused or self._delay) else float(len(self._missing))
+        tail[1] = 1.0 if aborted else 0.0
+        if self.track_used:
+            used = torch.tensor(self._local_used, dtype=tail.dtype)
+            if tail.is_cuda:
+                used = used.pin_memory()
+            tail[TAIL_FLAGS:].copy_(used, non_blocking=True)
+
+    def _communicate(self, b: Bucket, buf: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        """All-reduce ``buf`` (the bucket, or zeros of its size when joined) directly or through the hook."""
+        if self.comm_hook is not None:
+            part = buf[:b.numel]
+            bucket = GradBucket(b.index, part, grads, [self.params[i] for i in b.param_indices],
+                                b.index == len(self.buckets) - 1)
+            self._works.append((None, self.comm_hook(self.comm_hook_state, bucket), part, None))
+            return
         t = buf if self.comm_dtype is None or self.comm_dtype == buf.dtype else buf.to(self.comm_dtype)
-        self._works.append((tdist.all_reduce(t, group=self.group, async_op=True), buf, t))
+        self._works.append((tdist.all_reduce(t, group=self.group, async_op=True), None, buf, t))
+
+    def _wait_all(self) -> None:
+        works, self._works = self._works, []
+        for work, fut, buf, t in works:
+            if fut is None:
+                work.wait()
+                if t is not buf:
+                    buf.copy_(t)
+            else:
+                res = future_tensor(fut)
+                if res.data_ptr() != buf.data_ptr() or res.shape != buf.shape:
+                    buf.copy_(res)
+        if self.comm_hook is not None and self.tail is not None and works:
+            # Note [hook buffers]: the tail goes alone, after every hook's collectives
+            tdist.all_reduce(self.tail, group=self.group)
 
     def _finalize(self) -> None:
         """End of backward (autograd engine callback): wait for every bucket, check, leave averaged grads."""
-        self._expect_hooks = False
-        self._queued = False
-        if self._next < len(self.buckets):
-            # Some parameters got no gradient here: still join every remaining all-reduce, in order, so
-            # that the other ranks are not left waiting; the tail tells everyone (Note [bucket tail]).
-            self._missing = [i for i, r in enumerate(self._ready) if not r]
-            for i in self._missing:
-                self._take_grad(i)
-                self._used[i] = False
-            for k in range(self._next, len(self.buckets)):
-                self._launch(self.buckets[k])
-            self._next = len(self.buckets)
-        for work, buf, t in self._works:
-            work.wait()
-            if t is not buf:
-                buf.copy_(t)
-        self._works = []
-        if self.tail is not None and float(self.tail[0]) > 0.0:
-            self._raise_missing()
-        if self.find_unused:
-            used = self.tail[1:].tolist()
-            for i, u in enumerate(used):
-                if u == 0.0 and self._was_none[i]:
-                    self.params[i].grad = None  # unused on every rank: leave it as torch DDP does
+        with self._lock:
+            self._queued = False
+            if not self._expect_hooks:
+                return
+            self._expect_hooks = False
+            if self._delay:  # static graph, first iteration: everything is reduced now
+                self._static_counts = list(self._counts)
+            if self._next < len(self.buckets):
+                # Some parameters got no gradient here: still join every remaining all-reduce, in order, so
+                # that the other ranks are not left waiting; the tail tells everyone (Note [bucket tail]).
+                self._complete_step()
+            self._wait_all()
+            self._iteration += 1
+            self._after_reduce()
 
-    def _raise_missing(self) -> None:
-        names = [self.names[i] for i in self._missing]
-        everyone: list = [None] * self.world
-        tdist.all_gather_object(everyone, names, group=self.group)
-        detail = "; ".join(f"rank {r}: {', '.join(ns[:10])}{' ...' if len(ns) > 10 else ''}"
-                           for r, ns in enumerate(everyone) if ns)
-        raise RuntimeError(
-            "DataParallel: some parameters received no gradient in this backward pass, so their all-reduce "
-            f"could not be matched across ranks ({detail}). If parts of the model are legitimately unused in "
-            "some steps, wrap it with DataParallel(model, find_unused_parameters=True); if they are never "
-            "used, remove them or set requires_grad=False."
-        )
+    def _complete_step(self, aborted: bool = False) -> None:
+        """Fill the gradients that never came (zeros) and launch every bucket not launched yet, in order."""
+        unready = [i for i, r in enumerate(self._ready) if not r]
+        if not self._delay and not aborted:
+            self._missing = unready
+        for i in unready:
+            self._take_grad(i)
+            self._ready[i] = True
+        for k in range(self._next, len(self.buckets)):
+            self._launch(self.buckets[k], aborted=aborted)
+        self._next = len(self.buckets)
+
+    def _after_reduce(self) -> None:
+        tail = self.tail
+        if tail is None:
+            return
+        track = self.track_used and (self.find_unused or self._delay)
+        if track or not tail.is_cuda or self._iteration <= _SYNC_CHECK_ITERS:
+            flags = tail.tolist() if track else tail[:TAIL_FLAGS].tolist()
+            self._check_flags(flags[:TAIL_FLAGS], self._missing)
+            if track:
+                used = flags[TAIL_FLAGS:]
+                if self._delay:
+                    self._static_used = used
+                self._leave_unused(used)
+        else:  # Note [bucket tail]: no host sync in a steady-state CUDA step
+            host = torch.empty(TAIL_FLAGS, dtype=tail.dtype, pin_memory=True)
+            host.copy_(tail[:TAIL_FLAGS], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._deferred = (host, event, list(self._missing))
+        if self._static_used is not None and not self._delay:
+            self._leave_unused(self._static_used)
+        if self.track_used:
+            self._local_used = [False] * len(self.params)
+
+    def _leave_unused(self, used: list[float]) -> None:
+        for i, u in enumerate(used):
+            if u == 0.0 and self._was_none[i]:
+                self.params[i].grad = None  # used on no rank: leave it as torch DDP does (Note [used map])
+
+    def _check_flags(self, flags: list[float], missing: list[int]) -> None:
+        if flags[1] > 0:  # Note [interrupted backward]: another rank's step was cut short
+            self._discard()
+            raise interrupted_error(int(round(flags[1])))
+        if flags[0] > 0:
+            raise missing_error(self.names, missing, self.group, self.world)
+
+    def check_deferred(self) -> None:
+        """Raise, on every rank, what the previous step's tail reported (Note [bucket tail])."""
+        if self._deferred is not None:
+            host, event, missing = self._deferred
+            self._deferred = None
+            event.synchronize()
+            self._check_flags(host.tolist(), missing)
+
+    # ------------------------------------------------- interrupted backward
+    def resume_if_interrupted(self) -> None:
+        """Note [interrupted backward]: finish a synced step whose backward raised, and discard it."""
+        self.check_deferred()
+        if not self._expect_hooks:
+            return
+        self._expect_hooks = False
+        if not (self._fired or self._works):
+            return  # nothing was launched or marked: as torch DDP, simply start over
+        with self._lock:
+            done = self._next
+            self._complete_step(aborted=True)
+            self._wait_all()
+            self._discard()
+            if self.track_used:
+                self._local_used = [False] * len(self.params)
+        warn_discarded(done, len(self.buckets))
+
+    def _discard(self) -> None:
+        for b in self.buckets:
+            b.buffer.zero_()
+        for p in self.params:
+            p.grad = None
+
+    # ----------------------------------------------------------------- join
+    def shadow_backward(self) -> None:
+        """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order."""
+        self.check_deferred()
+        for b in self.buckets:
+            z = torch.zeros_like(b.buffer)  # zeros: a joined rank contributes nothing (and no tail flag)
+            grads = [z.as_strided(v.shape, v.stride(), v.storage_offset())
+                     for v in (self.views[i] for i in b.param_indices)]
+            self._communicate(b, z, grads)
+        tail = self.tail
+        self.tail = torch.zeros_like(tail) if tail is not None else None
+        try:
+            self._wait_all()
+        finally:
+            self.tail = tail
 
     # ------------------------------------------------------------ inspection
     def plan(self) -> list[dict]:
@@ -251,21 +465,23 @@ class Reducer:
         ]
 
 
-def _reachable_params(outputs) -> set:
-    """Parameters reached by walking the autograd graph back from ``outputs``."""
-    roots = []
+def _tensors(outputs):
     stack = [outputs]
     while stack:
         o = stack.pop()
         if isinstance(o, torch.Tensor):
-            if o.grad_fn is not None:
-                roots.append(o.grad_fn)
+            yield o
         elif isinstance(o, (list, tuple)):
             stack.extend(o)
         elif isinstance(o, dict):
             stack.extend(o.values())
         elif hasattr(o, "__dataclass_fields__"):
             stack.extend(getattr(o, f) for f in o.__dataclass_fields__)
+
+
+def _reachable_params(outputs) -> set:
+    """Parameters reached by walking the autograd graph back from ``outputs``."""
+    roots = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
     seen = set()
     reached = set()
     while roots:

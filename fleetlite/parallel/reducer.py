@@ -68,35 +68,15 @@ import torch.distributed as tdist
 
 from .buckets import Bucket, module_units, plan_buckets
 from .comm_hooks import GradBucket, future_tensor
-from .reducer_checks import (
-    TAIL_FLAGS,
-    interrupted_error,
-    missing_error,
-    ready_twice_error,
-    warn_discarded,
-)
+from .graph import dense, output_tensors, reachable_params
+from .reducer_checks import TAIL_FLAGS, StepChecks, ready_twice_error
 
 __all__ = ["Reducer"]
 
 _FUSED_SCALE_NUMEL = 1 << 18
-_SYNC_CHECK_ITERS = 2  # Note [bucket tail]: synchronous checks in the first synced steps
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t`` is dense and non-overlapping (its strides can lay out a gradient of the same size)."""
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d])):
-        if t.shape[d] == 1:
-            continue
-        if t.stride(d) != expected:
-            return False
-        expected *= t.shape[d]
-    return True
-
-
-class Reducer:
+class Reducer(StepChecks):
     """Averages the gradients of ``params`` across ``group`` during backward."""
 
     def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], group, world_size: int,
@@ -130,6 +110,7 @@ class Reducer:
         self._inv_world = 1.0 / world_size
         self._iteration = 0
         self._deferred = None
+        self.defer_checks: bool | None = None  # None: defer on CUDA only (Note [bucket tail])
         self._local_used = [False] * n
         self._static_counts: list[int] | None = None  # hook calls per parameter, from the first iteration
         self._static_used: list[float] | None = None
@@ -146,7 +127,7 @@ class Reducer:
             for i, off in zip(b.param_indices, b.offsets):
                 p = self.params[i]
                 self.param_bucket[i] = b.index
-                if _dense(p):  # Note [grad views]: keep the parameter's memory format
+                if dense(p):  # Note [grad views]: keep the parameter's memory format
                     view = b.buffer.as_strided(p.shape, p.stride(), b.buffer.storage_offset() + off)
                 else:
                     view = b.buffer[off:off + p.numel()].view(p.shape)
@@ -208,7 +189,7 @@ class Reducer:
         if self._static_counts is not None:
             unused = [i for i, c in enumerate(self._static_counts) if c == 0]
         elif self.find_unused:
-            reached = _reachable_params(outputs)
+            reached = reachable_params(outputs)
             unused = [i for i, p in enumerate(self.params) if p not in reached]
         else:
             return
@@ -219,7 +200,7 @@ class Reducer:
 
     def _hook_outer_backward(self, outputs) -> None:
         # Note [finalize in the outer backward]
-        for t in _tensors(outputs):
+        for t in output_tensors(outputs):
             if t.grad_fn is not None:
                 t.grad_fn.register_prehook(self._outer_prehook)
 
@@ -372,90 +353,6 @@ class Reducer:
             self._launch(self.buckets[k], aborted=aborted)
         self._next = len(self.buckets)
 
-    def _after_reduce(self) -> None:
-        tail = self.tail
-        if tail is None:
-            return
-        track = self.track_used and (self.find_unused or self._delay)
-        if track or not tail.is_cuda or self._iteration <= _SYNC_CHECK_ITERS:
-            flags = tail.tolist() if track else tail[:TAIL_FLAGS].tolist()
-            self._check_flags(flags[:TAIL_FLAGS], self._missing)
-            if track:
-                used = flags[TAIL_FLAGS:]
-                if self._delay:
-                    self._static_used = used
-                self._leave_unused(used)
-        else:  # Note [bucket tail]: no host sync in a steady-state CUDA step
-            host = torch.empty(TAIL_FLAGS, dtype=tail.dtype, pin_memory=True)
-            host.copy_(tail[:TAIL_FLAGS], non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._deferred = (host, event, list(self._missing))
-        if self._static_used is not None and not self._delay:
-            self._leave_unused(self._static_used)
-        if self.track_used:
-            self._local_used = [False] * len(self.params)
-
-    def _leave_unused(self, used: list[float]) -> None:
-        for i, u in enumerate(used):
-            if u == 0.0 and self._was_none[i]:
-                self.params[i].grad = None  # used on no rank: leave it as torch DDP does (Note [used map])
-
-    def _check_flags(self, flags: list[float], missing: list[int]) -> None:
-        if flags[1] > 0:  # Note [interrupted backward]: another rank's step was cut short
-            self._discard()
-            raise interrupted_error(int(round(flags[1])))
-        if flags[0] > 0:
-            raise missing_error(self.names, missing, self.group, self.world)
-
-    def check_deferred(self) -> None:
-        """Raise, on every rank, what the previous step's tail reported (Note [bucket tail])."""
-        if self._deferred is not None:
-            host, event, missing = self._deferred
-            self._deferred = None
-            event.synchronize()
-            self._check_flags(host.tolist(), missing)
-
-    # ------------------------------------------------- interrupted backward
-    def resume_if_interrupted(self) -> None:
-        """Note [interrupted backward]: finish a synced step whose backward raised, and discard it."""
-        self.check_deferred()
-        if not self._expect_hooks:
-            return
-        self._expect_hooks = False
-        if not (self._fired or self._works):
-            return  # nothing was launched or marked: as torch DDP, simply start over
-        with self._lock:
-            done = self._next
-            self._complete_step(aborted=True)
-            self._wait_all()
-            self._discard()
-            if self.track_used:
-                self._local_used = [False] * len(self.params)
-        warn_discarded(done, len(self.buckets))
-
-    def _discard(self) -> None:
-        for b in self.buckets:
-            b.buffer.zero_()
-        for p in self.params:
-            p.grad = None
-
-    # ----------------------------------------------------------------- join
-    def shadow_backward(self) -> None:
-        """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order."""
-        self.check_deferred()
-        for b in self.buckets:
-            z = torch.zeros_like(b.buffer)  # zeros: a joined rank contributes nothing (and no tail flag)
-            grads = [z.as_strided(v.shape, v.stride(), v.storage_offset())
-                     for v in (self.views[i] for i in b.param_indices)]
-            self._communicate(b, z, grads)
-        tail = self.tail
-        self.tail = torch.zeros_like(tail) if tail is not None else None
-        try:
-            self._wait_all()
-        finally:
-            self.tail = tail
-
     # ------------------------------------------------------------ inspection
     def plan(self) -> list[dict]:
         return [
@@ -464,33 +361,3 @@ class Reducer:
             for b in self.buckets
         ]
 
-
-def _tensors(outputs):
-    stack = [outputs]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, torch.Tensor):
-            yield o
-        elif isinstance(o, (list, tuple)):
-            stack.extend(o)
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif hasattr(o, "__dataclass_fields__"):
-            stack.extend(getattr(o, f) for f in o.__dataclass_fields__)
-
-
-def _reachable_params(outputs) -> set:
-    """Parameters reached by walking the autograd graph back from ``outputs``."""
-    roots = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
-    seen = set()
-    reached = set()
-    while roots:
-        fn = roots.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)
-        if var is not None:
-            reached.add(var)
-        roots.extend(nf for nf, _ in fn.next_functions)
-    return reached

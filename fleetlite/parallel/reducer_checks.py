@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 import torch.distributed as tdist
 
-__all__ = ["TAIL_FLAGS", "ready_twice_error", "missing_error", "interrupted_error", "warn_discarded"]
+__all__ = ["TAIL_FLAGS", "SYNC_CHECK_ITERS", "StepChecks", "ready_twice_error", "missing_error", "interrupted_error",
+           "warn_discarded"]
 
 TAIL_FLAGS = 2  # Note [bucket tail]: [missing-gradient count, interrupted-rank count], then the used map
+SYNC_CHECK_ITERS = 2  # Note [bucket tail]: synchronous checks in the first synced steps
 
 _RECOMPUTE_HINT = (
     "This happens when one parameter's gradient is accumulated in two backward passes of one step: a "
@@ -63,3 +66,102 @@ def warn_discarded(done: int, total: int) -> None:
         "no_sync). Ranks whose backward had completed raise an error telling them to skip this step.",
         RuntimeWarning, stacklevel=4,
     )
+
+
+class StepChecks:
+    """The reducer's end-of-step checks, interrupted-step recovery and joined-rank shadowing.
+
+    A mixin of :class:`~fleetlite.parallel.reducer.Reducer` (its state lives there); see
+    Note [bucket tail], Note [used map] and Note [interrupted backward] in reducer.py.
+    """
+
+    def _after_reduce(self) -> None:
+        tail = self.tail
+        if tail is None:
+            return
+        track = self.track_used and (self.find_unused or self._delay)
+        defer = tail.is_cuda if self.defer_checks is None else self.defer_checks
+        if track or not defer or self._iteration <= SYNC_CHECK_ITERS:
+            flags = tail.tolist() if track else tail[:TAIL_FLAGS].tolist()
+            self._check_flags(flags[:TAIL_FLAGS], self._missing)
+            if track:
+                used = flags[TAIL_FLAGS:]
+                if self._delay:
+                    self._static_used = used
+                self._leave_unused(used)
+        else:  # Note [bucket tail]: no host sync in a steady-state CUDA step
+            event = None
+            if tail.is_cuda:
+                host = torch.empty(TAIL_FLAGS, dtype=tail.dtype, pin_memory=True)
+                host.copy_(tail[:TAIL_FLAGS], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            else:
+                host = tail[:TAIL_FLAGS].clone()
+            self._deferred = (host, event, list(self._missing))
+        if self._static_used is not None and not self._delay:
+            self._leave_unused(self._static_used)
+        if self.track_used:
+            self._local_used = [False] * len(self.params)
+
+    def _leave_unused(self, used: list[float]) -> None:
+        for i, u in enumerate(used):
+            if u == 0.0 and self._was_none[i]:
+                self.params[i].grad = None  # used on no rank: leave it as torch DDP does (Note [used map])
+
+    def _check_flags(self, flags: list[float], missing: list[int]) -> None:
+        if flags[1] > 0:  # Note [interrupted backward]: another rank's step was cut short
+            self._discard()
+            raise interrupted_error(int(round(flags[1])))
+        if flags[0] > 0:
+            raise missing_error(self.names, missing, self.group, self.world)
+
+    def check_deferred(self) -> None:
+        """Raise, on every rank, what the previous step's tail reported (Note [bucket tail])."""
+        if self._deferred is not None:
+            host, event, missing = self._deferred
+            self._deferred = None
+            if event is not None:
+                event.synchronize()
+            self._check_flags(host.tolist(), missing)
+
+    # ------------------------------------------------- interrupted backward
+    def resume_if_interrupted(self) -> None:
+        """Note [interrupted backward]: finish a synced step whose backward raised, and discard it."""
+        self.check_deferred()
+        if not self._expect_hooks:
+            return
+        self._expect_hooks = False
+        if not (self._fired or self._works):
+            return  # nothing was launched or marked: as torch DDP, simply start over
+        with self._lock:
+            done = self._next
+            self._complete_step(aborted=True)
+            self._wait_all()
+            self._discard()
+            if self.track_used:
+                self._local_used = [False] * len(self.params)
+        warn_discarded(done, len(self.buckets))
+
+    def _discard(self) -> None:
+        for b in self.buckets:
+            b.buffer.zero_()
+        for p in self.params:
+            p.grad = None
+
+    # ----------------------------------------------------------------- join
+    def shadow_backward(self) -> None:
+        """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order."""
+        self.check_deferred()
+        for b in self.buckets:
+            z = torch.zeros_like(b.buffer)  # zeros: a joined rank contributes nothing (and no tail flag)
+            grads = [z.as_strided(v.shape, v.stride(), v.storage_offset())
+                     for v in (self.views[i] for i in b.param_indices)]
+            self._communicate(b, z, grads)
+        tail = self.tail
+        self.tail = torch.zeros_like(tail) if tail is not None else None
+        try:
+            self._wait_all()
+        finally:
+            self.tail = tail
+

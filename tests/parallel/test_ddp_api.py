@@ -93,12 +93,16 @@ def test_static_graph_skips_the_graph_walk_after_the_first_step(monkeypatch):
     import fleetlite.parallel.reducer as red
 
     calls = []
-    monkeypatch.setattr(red, "_reachable_params", lambda out: calls.append(1) or set())
+    monkeypatch.setattr(red, "reachable_params", lambda out: calls.append(1) or set())
     r = red.Reducer([("w", nn.Parameter(torch.ones(2)))], None, 1, 25, 1, True, static_graph=True)
     r._static_counts = [1]
     r.prepare_for_backward(torch.ones(1))
     r._expect_hooks = False
     assert calls == []
+    dynamic = red.Reducer([("w", nn.Parameter(torch.ones(2)))], None, 1, 25, 1, True)
+    dynamic.prepare_for_backward(torch.ones(1))
+    dynamic._expect_hooks = False
+    assert calls == [1]  # find_unused_parameters without a static graph walks every step
 
 
 # ---------------------------------------------------------------------- join
@@ -245,3 +249,37 @@ def test_hooks_from_two_threads_launch_each_bucket_once_in_order():
         assert launched == list(range(n))
         for g in grads:
             torch.testing.assert_close(g, torch.ones_like(g))
+
+
+# ------------------------------------------- no host sync in a synced step
+def _deferred_missing(rank, world):
+    from test_ddp_dropin import SometimesBranch
+
+    torch.manual_seed(0)
+    m = fleetlite.DataParallel(SometimesBranch())
+    m._reducer.defer_checks = True  # what CUDA does after the first steps: tail read at the next forward
+    reads = []
+    orig = m._reducer._check_flags
+    m._reducer._check_flags = lambda flags, missing: (  # where the tail is read: inside backward or not
+        reads.append(torch._C._current_graph_task_id() != -1), orig(flags, missing))
+    for step in range(6):
+        try:
+            m(batch(step, rank, 2, 6), use_odd=not (step == 3 and rank == 1)).sum().backward()
+        except RuntimeError as e:
+            return step, str(e), reads
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_deferred_tail_check_raises_the_same_error_on_every_rank_at_the_next_forward():
+    for step, msg, reads in run_ranks(_deferred_missing):
+        assert step == 4  # the step after the one that missed a gradient
+        assert "rank 1: odd.weight, odd.bias" in msg and "find_unused_parameters=True" in msg
+        assert reads == [True, True, False, False]  # read in the first two backwards, then at the next forward
+
+
+def test_steady_state_cuda_step_defers_the_tail_read():
+    from fleetlite.parallel.reducer import Reducer
+
+    r = Reducer([("w", nn.Parameter(torch.ones(2)))], None, 1, 25, 1, False)
+    assert r.defer_checks is None  # auto: deferred when the tail lives on a CUDA device

@@ -5,7 +5,11 @@ two processes (same init, same data) and are timed alternately in blocks, so
 machine noise hits both alike; the compute-only step (no all-reduce) is timed
 too. Peak RSS is measured per engine in fresh pairs of processes (median of 3).
 
-    python benchmarks/dp_vs_ddp.py [--blocks 6] [--steps 5] [--models conv,mlp,big]
+    python benchmarks/dp_vs_ddp.py [--blocks 6] [--steps 5] [--models conv,mlp,big,convcl,big:fp16]
+
+``convcl`` is the conv net in ``channels_last`` memory format (gradients keep
+the parameters' strides on both engines); a ``:fp16`` suffix registers torch's
+``fp16_compress_hook`` on both engines.
 
 Prints a table and writes benchmarks/results/dp_vs_ddp.json.
 """
@@ -51,11 +55,29 @@ class ConvNet(nn.Module):
 def build(name: str):
     if name == "conv":
         return ConvNet(), (32, 3, 32, 32)
+    if name == "convcl":
+        return ConvNet().to(memory_format=torch.channels_last), (32, 3, 32, 32)
     if name == "mlp":
         return nn.Sequential(*[nn.Linear(128, 128) for _ in range(60)]), (16, 128)
     if name == "big":
         return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(6)]), (16, 2048)
     raise ValueError(name)
+
+
+def make(name: str, engine: str, rank: int):
+    """(wrapped model, optimizer, input) for ``name`` (``model[:fp16]``) on ``engine``."""
+    arch, _, hook = name.partition(":")
+    torch.manual_seed(0)
+    base, shape = build(arch)
+    m = fleetlite.DataParallel(base) if engine == "ours" else DDP(base)
+    if hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        m.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
+    if arch == "convcl":
+        x = x.to(memory_format=torch.channels_last)
+    return m, torch.optim.SGD(m.parameters(), lr=1e-4), x
 
 
 def _step(model, opt, x):
@@ -78,16 +100,9 @@ def _time_block(model, opt, x, steps, no_sync=False):
 
 
 def timing_worker(rank, world, name, blocks, steps):
-    torch.manual_seed(0)
-    base, shape = build(name)
-    params = sum(p.numel() for p in base.parameters())
-    torch.manual_seed(0)
-    m_ours = fleetlite.DataParallel(build(name)[0])
-    torch.manual_seed(0)
-    m_ddp = DDP(build(name)[0])
-    o_ours = torch.optim.SGD(m_ours.parameters(), lr=1e-4)
-    o_ddp = torch.optim.SGD(m_ddp.parameters(), lr=1e-4)
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank))
+    m_ours, o_ours, x = make(name, "ours", rank)
+    m_ddp, o_ddp, _ = make(name, "ddp", rank)
+    params = sum(p.numel() for p in m_ours.parameters())
     for m, o in ((m_ours, o_ours), (m_ddp, o_ddp)):
         _time_block(m, o, x, 3)
     res = {"ours": [], "ddp": [], "compute": []}
@@ -102,11 +117,7 @@ def timing_worker(rank, world, name, blocks, steps):
 
 
 def memory_worker(rank, world, name, engine, steps):
-    torch.manual_seed(0)
-    model, shape = build(name)
-    m = fleetlite.DataParallel(model) if engine == "ours" else DDP(model)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
-    x = torch.randn(*shape)
+    m, opt, x = make(name, engine, rank)
     for _ in range(steps):
         _step(m, opt, x)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # MiB
@@ -116,7 +127,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--models", default="conv,mlp,big")
+    ap.add_argument("--models", default="conv,mlp,big,convcl,big:fp16")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "dp_vs_ddp.json"))
     args = ap.parse_args(argv)
     rows = []
@@ -137,12 +148,12 @@ def main(argv=None) -> dict:
         })
         r = rows[-1]
         print(f"{name}: {r['fleetlite_ms']:.1f} ms vs DDP {r['ddp_ms']:.1f} ms", flush=True)
-    header = (f"{'model':6} {'params':>10} {'fleetlite ms':>13} {'DDP ms':>9} {'ratio':>6} {'no-sync ms':>11} "
+    header = (f"{'model':9} {'params':>10} {'fleetlite ms':>13} {'DDP ms':>9} {'ratio':>6} {'no-sync ms':>11} "
               f"{'RSS MiB (ours/DDP)':>20} {'RSS ratio':>9}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['model']:6} {r['params']:>10,} {r['fleetlite_ms']:>13.1f} {r['ddp_ms']:>9.1f} {r['ratio']:>6.3f} "
+        print(f"{r['model']:9} {r['params']:>10,} {r['fleetlite_ms']:>13.1f} {r['ddp_ms']:>9.1f} {r['ratio']:>6.3f} "
               f"{r['no_sync_ms']:>11.1f} {r['fleetlite_peak_rss_mib']:>9.0f}/{r['ddp_peak_rss_mib']:<10.0f} "
               f"{r['rss_ratio']:>9.3f}")
     out = {"benchmark": "dp_vs_ddp", "world_size": 2, "backend": "gloo", "threads_per_rank": 1,

@@ -211,19 +211,19 @@ class DataParallel(nn.Module, Joinable):
         reducer = self._reducer
         reducer.resume_if_interrupted()  # Note [interrupted backward] in reducer.py
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        buffers = self._forward_sync_buffers and self._layers.training and bool(self._sync_buffers_list())
-        src = 0
+        bufs = self._sync_buffers_list() if self._forward_sync_buffers and self._layers.training else []
+        buffers = bool(bufs)
+        src, divisor = 0, self.world_size
         if self._join_config.enable:  # Note [join collectives] in join.py
             work = Join.notify_join_context(self)
-            sync_all, buffers, src = announce_step(self, sync, buffers)
-            if sync and work is not None:
-                if self._divide_by_initial_world_size:
-                    reducer.set_divisor(self.world_size)
-                else:
-                    work.wait()
-                    reducer.set_divisor(int(work.result()[0].item()))
+            _, buffers, src = announce_step(self, sync, buffers)
+            if sync and work is not None and not self._divide_by_initial_world_size:
+                work.wait()
+                divisor = int(work.result()[0].item())  # ranks not joined yet
+        if sync:
+            reducer.set_divisor(divisor)
         if buffers:
-            broadcast_coalesced(self._sync_buffers_list(), self.group, src=src)
+            broadcast_coalesced(bufs or self._sync_buffers_list(), self.group, src=src)
         out = self._layers(*inputs, **kwargs)
         if sync:
             reducer.prepare_for_backward(out)

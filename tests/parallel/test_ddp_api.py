@@ -72,7 +72,11 @@ def test_paddle_names_and_ddp_aliases_conflict_clearly():
 def _static(rank, engine, unused):
     torch.manual_seed(0)
     net = Branchy()  # `unused` never gets a gradient; `odd` is used on every step
-    m = wrap(engine, net, static_graph=True, find_unused_parameters=unused)
+    if unused == "_set_static_graph":  # DDP's older switch
+        m = wrap(engine, net)
+        m._set_static_graph()
+    else:
+        m = wrap(engine, net, static_graph=True, find_unused_parameters=unused)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     out = []
     for step in range(5):
@@ -84,7 +88,7 @@ def _static(rank, engine, unused):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("unused", [False, True])
+@pytest.mark.parametrize("unused", [False, True, "_set_static_graph"])
 def test_static_graph_matches_ddp(unused):
     assert_parity(run_ranks(both, args=(_static, unused)))
 

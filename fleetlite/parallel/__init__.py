@@ -1,7 +1,9 @@
-"""The data-parallel engine: bucket plan, reducer, DataParallel."""
+"""The data-parallel engine: bucket plan, reducer, DataParallel (a drop-in for torch DDP), comm hooks, join."""
 
 from .buckets import Bucket, module_units, plan_buckets
 from .comm import allreduce_mean_coalesced, broadcast_coalesced
+from .comm_hooks import GradBucket
 from .data_parallel import DataParallel
 
-__all__ = ["DataParallel", "Bucket", "plan_buckets", "module_units", "allreduce_mean_coalesced", "broadcast_coalesced"]
+__all__ = ["DataParallel", "Bucket", "GradBucket", "plan_buckets", "module_units", "allreduce_mean_coalesced",
+           "broadcast_coalesced"]

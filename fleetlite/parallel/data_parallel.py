@@ -209,6 +209,7 @@ class DataParallel(nn.Module, Joinable):
         if self.world_size == 1:
             return self._layers(*inputs, **kwargs)
         reducer = self._reducer
+        reducer.check_lag = 0 if self._join_config.enable else 1  # Note [bucket tail] in reducer.py
         reducer.resume_if_interrupted()  # Note [interrupted backward] in reducer.py
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         bufs = self._sync_buffers_list() if self._forward_sync_buffers and self._layers.training else []

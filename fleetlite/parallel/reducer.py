@@ -28,10 +28,12 @@ Note [bucket tail]
     gradient anywhere at no extra collective, and all ranks raise the same
     error instead of hanging. The tail is read on the host right after the
     step when it lives on the CPU (the all-reduce was waited anyway), in the
-    first iterations, and with ``find_unused_parameters`` (as torch DDP reads
-    its used map); otherwise (CUDA, steady state) it is copied to pinned
-    memory without blocking and checked at the next forward, so a normal
-    synced step never waits on the host.
+    first iterations, under ``join()``, and with ``find_unused_parameters`` (as
+    torch DDP reads its used map); otherwise (CUDA, steady state) it is copied
+    to pinned memory without blocking and read one forward later (step k's
+    tail at forward k+2, which the device finished long ago), so a normal
+    synced step never waits on the host. Every rank reads at the same forward,
+    so the error is still raised on every rank, never a hang.
 
 Note [used map]
     A parameter is *used* when its gradient hook fired with a defined
@@ -109,8 +111,9 @@ class Reducer(StepChecks):
         self._works: list = []
         self._inv_world = 1.0 / world_size
         self._iteration = 0
-        self._deferred = None
+        self._deferred: list = []
         self.defer_checks: bool | None = None  # None: defer on CUDA only (Note [bucket tail])
+        self.check_lag = 1  # 0 under join(): every rank reads its tails before it may join
         self._local_used = [False] * n
         self._static_counts: list[int] | None = None  # hook calls per parameter, from the first iteration
         self._static_used: list[float] | None = None

@@ -80,7 +80,7 @@ class StepChecks:
         if tail is None:
             return
         track = self.track_used and (self.find_unused or self._delay)
-        defer = tail.is_cuda if self.defer_checks is None else self.defer_checks
+        defer = (tail.is_cuda if self.defer_checks is None else self.defer_checks) and self.check_lag > 0
         if track or not defer or self._iteration <= SYNC_CHECK_ITERS:
             flags = tail.tolist() if track else tail[:TAIL_FLAGS].tolist()
             self._check_flags(flags[:TAIL_FLAGS], self._missing)
@@ -98,7 +98,7 @@ class StepChecks:
                 event.record()
             else:
                 host = tail[:TAIL_FLAGS].clone()
-            self._deferred = (host, event, list(self._missing))
+            self._deferred.append((host, event, list(self._missing)))
         if self._static_used is not None and not self._delay:
             self._leave_unused(self._static_used)
         if self.track_used:
@@ -116,11 +116,14 @@ class StepChecks:
         if flags[0] > 0:
             raise missing_error(self.names, missing, self.group, self.world)
 
-    def check_deferred(self) -> None:
-        """Raise, on every rank, what the previous step's tail reported (Note [bucket tail])."""
-        if self._deferred is not None:
-            host, event, missing = self._deferred
-            self._deferred = None
+    def check_deferred(self, lag: int = 1) -> None:
+        """Raise, on every rank, what a deferred tail reported (Note [bucket tail]).
+
+        Keeps the newest ``lag`` tails unread: with ``lag=1`` a forward reads the tail of the step
+        before the previous one, which the device finished long ago, so the read does not wait.
+        """
+        while len(self._deferred) > lag:
+            host, event, missing = self._deferred.pop(0)
             if event is not None:
                 event.synchronize()
             self._check_flags(host.tolist(), missing)
@@ -128,7 +131,7 @@ class StepChecks:
     # ------------------------------------------------- interrupted backward
     def resume_if_interrupted(self) -> None:
         """Note [interrupted backward]: finish a synced step whose backward raised, and discard it."""
-        self.check_deferred()
+        self.check_deferred(self.check_lag)
         if not self._expect_hooks:
             return
         self._expect_hooks = False
@@ -152,7 +155,6 @@ class StepChecks:
     # ----------------------------------------------------------------- join
     def shadow_backward(self) -> None:
         """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order."""
-        self.check_deferred()
         for b in self.buckets:
             z = torch.zeros_like(b.buffer)  # zeros: a joined rank contributes nothing (and no tail flag)
             grads = [z.as_strided(v.shape, v.stride(), v.storage_offset())

@@ -261,7 +261,7 @@ def _deferred_missing(rank, world):
 
     torch.manual_seed(0)
     m = fleetlite.DataParallel(SometimesBranch())
-    m._reducer.defer_checks = True  # what CUDA does after the first steps: tail read at the next forward
+    m._reducer.defer_checks = True  # what CUDA does after the first steps: tail read two forwards later
     reads = []
     orig = m._reducer._check_flags
     m._reducer._check_flags = lambda flags, missing: (  # where the tail is read: inside backward or not
@@ -277,9 +277,9 @@ def _deferred_missing(rank, world):
 @pytest.mark.timeout(60)
 def test_deferred_tail_check_raises_the_same_error_on_every_rank_at_the_next_forward():
     for step, msg, reads in run_ranks(_deferred_missing):
-        assert step == 4  # the step after the one that missed a gradient
+        assert step == 5  # two forwards after the step that missed a gradient
         assert "rank 1: odd.weight, odd.bias" in msg and "find_unused_parameters=True" in msg
-        assert reads == [True, True, False, False]  # read in the first two backwards, then at the next forward
+        assert reads == [True, True, False, False]  # read in the first two backwards, then two forwards later
 
 
 def test_steady_state_cuda_step_defers_the_tail_read():

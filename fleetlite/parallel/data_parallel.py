@@ -209,6 +209,12 @@ class DataParallel(nn.Module, Joinable):
         if self.world_size == 1:
             return self._layers(*inputs, **kwargs)
         reducer = self._reducer
+        if reducer._expect_hooks and torch._C._current_graph_task_id() != -1:
+            # a non-reentrant checkpoint recomputing this forward inside the backward it belongs to:
+            # the step is already armed (as torch DDP, buffers are broadcast again, nothing else)
+            if self._forward_sync_buffers and self._layers.training:
+                broadcast_coalesced(self._sync_buffers_list(), self.group)
+            return self._layers(*inputs, **kwargs)
         reducer.check_lag = 0 if self._join_config.enable else 1  # Note [bucket tail] in reducer.py
         reducer.resume_if_interrupted()  # Note [interrupted backward] in reducer.py
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
@@ -260,6 +266,16 @@ class DataParallel(nn.Module, Joinable):
         self._reducer.remove_hooks()
         self._build_reducer()
         self._reducer.comm_hook_state, self._reducer.comm_hook = comm
+
+    def _get_ddp_logging_data(self) -> dict:
+        """The subset of torch DDP's logging data that describes the configuration."""
+        devices = {p.device for p in self._reducer.params}
+        return {"static_graph": int(self.static_graph), "find_unused_parameters": int(self.find_unused_parameters),
+                "gradient_as_bucket_view": 1, "is_multi_device_module": int(len(devices) > 1),
+                "bucket_cap_bytes": int(self.comm_buffer_size * 1024 * 1024), "world_size": self.world_size,
+                "device_ids": ",".join(map(str, self.device_ids or [])),
+                "broadcast_buffers": int(self.broadcast_buffers),
+                "backend_name": tdist.get_backend(self.group) if self.world_size > 1 else ""}
 
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False) -> Join:

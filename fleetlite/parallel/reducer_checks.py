@@ -28,7 +28,8 @@ _RECOMPUTE_HINT = (
 
 def ready_twice_error(name: str) -> RuntimeError:
     return RuntimeError(
-        f"DataParallel: parameter {name!r} received a gradient after it was already marked ready in this "
+        f"Expected to mark a variable ready only once. DataParallel: parameter {name!r} received a gradient "
+        "after it was already marked ready in this "
         f"backward pass (its bucket may already be reduced). {_RECOMPUTE_HINT}"
     )
 

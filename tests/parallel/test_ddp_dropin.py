@@ -270,18 +270,45 @@ class CheckpointTwice(CheckpointOnce):
         return checkpoint(self.l2, x, use_reentrant=self.use_reentrant)
 
 
-def _checkpointing(rank, engine, cls, reentrant, static, unused):
+class CheckpointTwiceShared(CheckpointTwice):
+    def __init__(self, use_reentrant=True):
+        super().__init__(use_reentrant)
+        self.l1.weight = self.l2.weight
+
+
+class DynamicCheckpointTwice(CheckpointOnce):
+    def __init__(self, use_reentrant=True):
+        super().__init__(use_reentrant)
+        self.count = 0
+
+    def forward(self, inp):
+        layer = self.l1 if self.count % 2 else self.l2
+        self.count += 1
+        return checkpoint(layer, inp, use_reentrant=self.use_reentrant)
+
+
+def _shared_sequential(reentrant):
+    l1, l2 = nn.Linear(20, 20), nn.Linear(20, 20)
+    l1.weight = l2.weight
+    return nn.Sequential(l1, l2)
+
+
+def _checkpointing(rank, engine, cls, reentrant, static, unused, whole=False):
     torch.manual_seed(0)
     net = cls(reentrant)
     m = wrap(engine, net, static_graph=static, find_unused_parameters=unused)
+    assert m._get_ddp_logging_data().get("static_graph", 0) == static
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     out = []
     for step in range(4):
         inp = batch(step, rank, 8, 20).requires_grad_()
         try:
-            m(inp).pow(2).mean().backward()
+            # `whole`: the wrapped model itself runs inside a checkpoint (torch's run_checkpoint=True)
+            y = checkpoint(m, inp, use_reentrant=reentrant) if whole else m(inp)
+            y.pow(2).mean().backward()
         except RuntimeError as e:
-            return "error: " + ("static_graph" in str(e)) * "mentions static_graph"
+            return "error: " + ("Expected to mark a variable ready only once" in str(e)) * "DDP's message " + (
+                "static_graph" in str(e)) * "mentions static_graph"
         out.append(snapshot(net))
         opt.step()
         opt.zero_grad()
@@ -305,5 +332,34 @@ def test_checkpointing_twice_needs_static_graph_like_ddp():
     assert isinstance(res[0]["ddp"], list)
     assert_parity(res)
     res = run_ranks(both, args=(_checkpointing, CheckpointTwice, True, False, False))
-    for r in res:  # refused by both, ours with DDP's advice
-        assert r["ddp"].startswith("error") and r["fleetlite"] == "error: mentions static_graph"
+    for r in res:  # refused by both, ours with DDP's message and advice
+        assert r["ddp"].startswith("error") and r["fleetlite"] == "error: DDP's message mentions static_graph"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:DataParallel. the previous backward")
+def test_checkpointing_unused_params_like_ddp():
+    """torch's test_ddp_checkpointing_unused_params: reentrant + find_unused fails, static graph works."""
+    res = run_ranks(both, args=(_checkpointing, CheckpointOnce, True, False, True))
+    for r in res:
+        assert r["ddp"].startswith("error") and r["fleetlite"].startswith("error: DDP's message")
+    assert_parity(run_ranks(both, args=(_checkpointing, CheckpointOnce, True, True, True)))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("reentrant,static", [(True, False), (False, False), (True, True), (False, True)])
+def test_checkpointing_the_whole_model_with_weight_sharing_like_ddp(reentrant, static):
+    """torch's test_ddp_checkpointing_weight_sharing (run_checkpoint=True)."""
+    res = run_ranks(both, args=(_checkpointing, _shared_sequential, reentrant, static, False, True))
+    assert isinstance(res[0]["ddp"], list)
+    assert_parity(res, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("cls,reentrant,static,unused", [(CheckpointTwiceShared, True, True, False),
+                                                         (DynamicCheckpointTwice, False, False, True)])
+def test_checkpointing_shared_and_dynamic_like_ddp(cls, reentrant, static, unused):
+    """torch's test_ddp_checkpointing_twice_weight_sharing and test_ddp_checkpointing_dynamic_module."""
+    res = run_ranks(both, args=(_checkpointing, cls, reentrant, static, unused))
+    assert isinstance(res[0]["ddp"], list)
+    assert_parity(res, atol=1e-5)

@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
-__all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer", "build_scheduler",
-           "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE", "PLOT_FILE"]
+__all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
+           "build_scheduler", "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE",
+           "PLOT_FILE"]
 
 METRICS_FILE = "metrics.csv"
 PLOT_FILE = "training_curves.png"

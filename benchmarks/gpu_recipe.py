@@ -65,14 +65,16 @@ def recipe(epochs: int, train_size: int) -> float:
         cmd = [sys.executable, os.path.join(ROOT, "recipes", "cifar10.py"), "experiment=airbench", "data=synthetic",
                f"data.train_size={train_size}", "data.test_size=1024", f"trainer.epochs={epochs}",
                "trainer.plot=false", "trainer.eval_freq=1000", f"run_dir={tmp}/run"]
-        stamps = []
+        stamps: dict[int, float] = {}  # epoch -> when its first progress line appeared
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
         for line in proc.stdout:
-            if re.match(r"\s*Epoch \d+/\d+", line) or line.startswith("Epoch "):
-                stamps.append(time.perf_counter())
+            m = re.search(r"Epoch (\d+)/\d+", line)
+            if m and int(m.group(1)) not in stamps:
+                stamps[int(m.group(1))] = time.perf_counter()
         if proc.wait() != 0:
             raise SystemExit(f"the recipe failed: {' '.join(cmd)}")
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    times = [stamps[e] for e in sorted(stamps)]
+    gaps = [b - a for a, b in zip(times, times[1:])]
     if not gaps:
         raise SystemExit("could not time the recipe: no 'Epoch N/M' lines in its output")
     gaps = sorted(gaps)

@@ -7,7 +7,7 @@ Runs only with CUDA (without it, it says so and exits 0). Measured in the same r
 * a hand-written loop with the same model, optimizer, autocast and data already on the device (the peer);
 * with two or more GPUs: fleetlite's DataParallel vs torch DDP on 2 ranks over NCCL (step time).
 
-    python benchmarks/gpu_recipe.py [--epochs 3] [--train-size 50000]
+    python benchmarks/gpu_recipe.py [--epochs 4] [--train-size 50000]
 
 Prints a table and writes benchmarks/results/gpu_recipe.json (with the GPU model).
 """
@@ -111,7 +111,7 @@ def _engine_step(rank, world, steps=30):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--train-size", type=int, default=50000)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

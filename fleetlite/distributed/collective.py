@@ -72,15 +72,16 @@ class CollectiveError(RuntimeError):
 
 def _collective(name: str, fn, *args, **kwargs):
     """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError` naming it."""
-    from .faults import is_peer_failure, peer_lost_error
+    from . import faults
 
     try:
         return fn(*args, **kwargs)
     except RuntimeError as e:
-        if isinstance(e, CollectiveError) or not is_peer_failure(e):
+        # after the peer monitor aborted the group any backend error is that loss (Note [peer monitor])
+        if isinstance(e, CollectiveError) or (faults._monitor_error is None and not faults.is_peer_failure(e)):
             raise
         seconds = (_group_timeout or default_timeout()).total_seconds()
-        raise peer_lost_error(name, e, seconds) from e
+        raise faults.peer_lost_error(name, e, seconds) from e
 
 
 def default_timeout() -> datetime.timedelta:
@@ -293,8 +294,10 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     atexit.register(_destroy_at_exit)
     _group_timeout = td
     from .faults import register_process
+    from .monitor import start_monitor
 
     register_process(td.total_seconds())  # Note [lost rank diagnosis]
+    start_monitor("nccl" in resolved, td.total_seconds())  # Note [peer monitor]
     return tdist.group.WORLD
 
 
@@ -334,6 +337,9 @@ def _destroy_at_exit() -> None:
     """
     try:
         if tdist.is_initialized():
+            from .monitor import stop_monitor
+
+            stop_monitor()
             if "gloo" in str(tdist.get_backend_config()):
                 time.sleep(0.05)
             tdist.destroy_process_group()
@@ -371,6 +377,9 @@ def destroy_process_group() -> None:
     """Tear down the process group if one exists."""
     global _group_timeout
     if is_initialized():
+        from .monitor import stop_monitor
+
+        stop_monitor()
         tdist.destroy_process_group()
     _group_timeout = None
 

@@ -121,9 +121,15 @@ def _tell_peers(e: BaseException) -> None:
 
 
 def _quiet() -> bool:
-    """The launcher's default: tracebacks go to its report, not to this worker's stderr (FLEETLITE_VERBOSE=1)."""
-    return os.environ.get("FLEETLITE_VERBOSE", "").strip().lower() not in ("1", "true", "yes") \
-        and "LOGLEVEL" not in os.environ
+    """Whether a quiet ``fleetlite launch`` reports this worker's error (one line; the traceback in its log).
+
+    The launcher's default, marked by the log it names (``FLEETLITE_LAUNCH_LOG``); ``FLEETLITE_VERBOSE=1``
+    or ``LOGLEVEL`` keep Python's traceback on this worker's stderr (the same test as ``launch.verbose``,
+    repeated because this script must not import the package before the user's script does).
+    """
+    loud = os.environ.get("FLEETLITE_VERBOSE", "").strip().lower() in ("1", "true", "yes") \
+        or "LOGLEVEL" in os.environ
+    return bool(os.environ.get("FLEETLITE_LAUNCH_LOG")) and not loud
 
 
 def main() -> None:

@@ -211,6 +211,36 @@ def test_plain_script_error_reaches_the_survivor_and_the_launch_is_quiet(tmp_pat
     assert "Traceback" in report and "plain script breaks on rank 1" in report and f"{script} FAILED" in report
 
 
+# A script that calls spawn() itself (the shared dp_basic.py without its --launched flag).
+SPAWNS = textwrap.dedent("""
+    import sys
+    import torch
+    import fleetlite.distributed as dist
+
+    def work(out_dir):
+        torch.set_num_threads(1)
+        dist.init_parallel_env()
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)
+        print(f"spawned rank {dist.get_rank()} sum {t.item():g}", flush=True)
+
+    if __name__ == "__main__":
+        dist.spawn(work, args=(sys.argv[1],), nprocs=2)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_spawn_inside_launch_works_with_one_process_and_fails_at_once_with_several(tmp_path):
+    script, out = _script(tmp_path, SPAWNS, name="spawns.py")
+    one = run_launch(["--nproc_per_node", "1", script, out], timeout=150)  # used to hang for the whole timeout
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "spawned rank 0 sum 3" in one.stdout and "spawned rank 1 sum 3" in one.stdout
+    two = run_launch(["--nproc_per_node", "2", script, out], timeout=80)
+    assert two.returncode == 1
+    lines = two.stderr.strip().splitlines()
+    assert len(lines) == 2 and all("SpawnError: spawn() was called in rank" in ln for ln in lines), two.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "abc", "-1", ""])
 def test_bad_process_count_is_one_clear_line(value):
     with pytest.raises(SystemExit) as info:

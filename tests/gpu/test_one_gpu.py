@@ -128,3 +128,24 @@ def test_two_local_ranks_on_one_gpu_fall_back_to_gloo(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("cpu:gloo,cuda:gloo") == 2  # gloo for both device types, not NCCL
     assert "2 ranks on this node but 1 visible GPU(s)" in res.stderr
+
+
+@pytest.mark.parametrize("dtype, allowed", [("bfloat16", 0), ("float16", 1)])
+def test_one_trainer_step_syncs_at_most_as_the_issue_allows(sync_mode, clean_dist_env, dtype, allowed):
+    import fleetlite
+    from fleetlite.distributed import fleet
+
+    net = SmallNet()
+    strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": dtype})
+    t = fleetlite.Trainer(net, loss=torch.nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                          strategy=strategy, device="cuda")
+    x, y = batch(0, 0, "cpu", n=64)
+    t.fit((x, y), epochs=1, batch_size=16, verbose=0)  # warm-up: wrapped model, optimizer state, scaler tensors
+    step_batch = batch(1, 0, "cuda")
+    sync_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.train_step(step_batch)
+    sync_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) <= allowed, syncs

@@ -271,7 +271,7 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         raise RuntimeError("this torch build has no torch.distributed support; install a standard torch wheel")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     resolved, note = choose_backend(requested, gpus, env.local_world_size)  # Note [per-device backends]
-    if note:
+    if note and env.local_rank == 0:  # every rank of the node falls back alike: one line per node
         _warn_once("gloo-fallback", note)
     kwargs = {}
     if gpus:  # every rank works on its own GPU (ParallelEnv().device, the one source), whatever the backend

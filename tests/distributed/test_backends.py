@@ -83,13 +83,14 @@ def test_init_with_more_ranks_than_gpus_falls_back_or_refuses(clean_dist_env):
     clean_dist_env.setattr(collective, "_warned_once", set())
     _fake_cuda(clean_dist_env, 1)
     seen = _capture_init(clean_dist_env)
-    _launched(clean_dist_env, 1, 2)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(_Stop):
-            dist.init_parallel_env()
-    assert seen["backend"] == "gloo" and "device_id" not in seen
-    assert [str(w.message).count("\n") for w in caught] == [0]
+    for rank, lines in ((1, 0), (0, 1)):  # one line per node, from its local rank 0
+        _launched(clean_dist_env, rank, 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(_Stop):
+                dist.init_parallel_env()
+        assert seen["backend"] == "gloo" and "device_id" not in seen
+        assert [str(w.message).count("\n") for w in caught] == [0] * lines
     assert "1 visible GPU" in str(caught[0].message)
     seen.clear()
     with pytest.raises(DistEnvError, match=r"runs 2 ranks.*sees 1 GPU"):

@@ -12,8 +12,8 @@ import torch.distributed as tdist
 
 import fleetlite.distributed as dist
 from fleetlite.distributed import collective
-from fleetlite.distributed.collective import PER_DEVICE_BACKEND, choose_backend, collective_device
-from fleetlite.distributed.env import DistEnvError, ParallelEnv
+from fleetlite.distributed.collective import collective_device
+from fleetlite.distributed.env import PER_DEVICE_BACKEND, DistEnvError, ParallelEnv, choose_backend
 from fleetlite.testing import run_ranks
 
 

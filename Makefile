@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-gpu lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The GPU suite (tests/gpu/, marker `gpu`): skipped without CUDA, one command on a GPU machine.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 bench: $(STAMP)
 	$(PY) benchmarks/dp_vs_ddp.py

@@ -87,30 +87,49 @@ def export_paddle_env(env: MutableMapping[str, str] | None = None) -> None:
         env["FLAGS_selected_gpus"] = str(local_rank)
 
 
-def _record(e: BaseException) -> None:
-    """Write ``e`` to torchelastic's error file so the launcher's summary shows the traceback."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        return
+def _record(e: BaseException) -> bool:
+    """Write ``e`` to torchelastic's error file so the launcher's summary shows the traceback; True when written."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
     try:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
         handler = get_error_handler()
         handler.initialize()
         handler.record_exception(e)
+        return os.path.isfile(path)
     except Exception:  # noqa: BLE001 - the original exception matters more
-        pass
+        return False
 
 
 def _tell_peers(e: BaseException) -> None:
-    """Leave the error where the other ranks look when their collectives fail (Note [lost rank diagnosis])."""
-    if "torch.distributed" not in sys.modules:
+    """Leave the error where the other ranks look when their collectives fail (Note [lost rank diagnosis]).
+
+    This file runs as a plain script (no package, so no relative import): the
+    store records live in the ``fleetlite.distributed.faults`` module the
+    user's script loaded when it made its process group. Not loaded: the
+    script made no fleetlite group, and there is nothing to tell.
+    """
+    faults = sys.modules.get("fleetlite.distributed.faults")
+    if faults is None:
         return
     try:
-        from .faults import record_rank_error
-
-        record_rank_error(e)
+        faults.record_rank_error(e)
     except Exception:  # noqa: BLE001 - the original exception matters more
         pass
+
+
+def _quiet() -> bool:
+    """Whether a quiet ``fleetlite launch`` reports this worker's error (one line; the traceback in its log).
+
+    The launcher's default, marked by the log it names (``FLEETLITE_LAUNCH_LOG``); ``FLEETLITE_VERBOSE=1``
+    or ``LOGLEVEL`` keep Python's traceback on this worker's stderr (the same test as ``launch.verbose``,
+    repeated because this script must not import the package before the user's script does).
+    """
+    loud = os.environ.get("FLEETLITE_VERBOSE", "").strip().lower() in ("1", "true", "yes") \
+        or "LOGLEVEL" in os.environ
+    return bool(os.environ.get("FLEETLITE_LAUNCH_LOG")) and not loud
 
 
 def main() -> None:
@@ -127,9 +146,16 @@ def main() -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(target))
             runpy.run_path(target, run_name="__main__")
     except Exception as e:
-        _record(e)
+        recorded = _record(e)
         _tell_peers(e)
+        if recorded and _quiet():  # the launcher prints it in one line and keeps the traceback in its log
+            raise SystemExit(1) from None
         raise
+    except KeyboardInterrupt:
+        if not _quiet():
+            raise
+        print(f"rank {os.environ.get('RANK', '?')}: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import warnings
 import torch
 import torch.distributed as tdist
 
-from .env import DistEnvError, read_env
+from .env import DistEnvError, choose_backend, read_env
 
 __all__ = [
     "init_parallel_env",
@@ -31,6 +31,9 @@ __all__ = [
     "all_gather_object",
     "ReduceOp",
     "CollectiveError",
+    "choose_backend",
+    "collective_device",
+    "warn_if_cpu_model",
 ]
 
 ReduceOp = tdist.ReduceOp
@@ -39,6 +42,7 @@ ReduceOp = tdist.ReduceOp
 DEFAULT_TIMEOUT_S = 600.0
 _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
+_warned_once: set[str] = set()  # one-time notes already given (CPU model under a GPU job, gloo fallback)
 _group_timeout: datetime.timedelta | None = None  # the timeout the group was created with
 
 
@@ -68,15 +72,16 @@ class CollectiveError(RuntimeError):
 
 def _collective(name: str, fn, *args, **kwargs):
     """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError` naming it."""
-    from .faults import is_peer_failure, peer_lost_error
+    from . import faults
 
     try:
         return fn(*args, **kwargs)
     except RuntimeError as e:
-        if isinstance(e, CollectiveError) or not is_peer_failure(e):
+        # after the peer monitor aborted the group any backend error is that loss (Note [peer monitor])
+        if isinstance(e, CollectiveError) or (faults._monitor_error is None and not faults.is_peer_failure(e)):
             raise
         seconds = (_group_timeout or default_timeout()).total_seconds()
-        raise peer_lost_error(name, e, seconds) from e
+        raise faults.peer_lost_error(name, e, seconds) from e
 
 
 def default_timeout() -> datetime.timedelta:
@@ -108,6 +113,57 @@ def _resolve_backend(backend: str) -> str:
     return backend
 
 
+def _warn_once(key: str, message: str, stacklevel: int = 3) -> None:
+    if key not in _warned_once:
+        _warned_once.add(key)
+        warnings.warn(message, stacklevel=stacklevel)
+
+
+def _served_device_types(group=None) -> set[str]:
+    """Device types the group's backend(s) can move (``cpu:gloo,cuda:nccl`` -> cpu and cuda)."""
+    config = str(tdist.get_backend_config(group))
+    return {part.split(":")[0].strip() for part in config.split(",") if ":" in part}
+
+
+def collective_device(device: torch.device | str, group=None) -> torch.device:
+    """Where a small collective (a count, a flag) of a tensor on ``device`` runs for ``group``.
+
+    The tensor's own device when the group's backend serves it (Note
+    [per-device backends]), else one it does serve: decided by the tensor,
+    not by the backend's name. Without a process group: ``device``.
+
+    >>> collective_device("cpu")
+    device(type='cpu')
+    """
+    device = torch.device(device)
+    if not is_initialized():
+        return device
+    served = _served_device_types(group)
+    if device.type in served:
+        return device
+    if "cuda" in served and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def warn_if_cpu_model(module: torch.nn.Module) -> None:
+    """Warn once when a CPU model is trained in a job whose ranks have GPUs (it works, over gloo, slowly).
+
+    For the code that wraps a model for data parallelism; a no-op without
+    CUDA or without a process group.
+    """
+    if not (is_initialized() and torch.cuda.is_available()):
+        return
+    param = next(iter(module.parameters()), None)
+    if param is None or param.device.type != "cpu":
+        return
+    from .env import ParallelEnv
+
+    _warn_once("cpu-model", f"fleetlite: the model is on the CPU but this rank's device is {ParallelEnv().device}: "
+                            "it trains correctly (over gloo) but slowly; move it with "
+                            "model.to(ParallelEnv().device) to use the GPU", stacklevel=4)
+
+
 def _as_timedelta(timeout) -> datetime.timedelta:
     if timeout is None:
         return default_timeout()
@@ -122,13 +178,18 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     """Initialise the process group from torchrun's (or Paddle's) variables.
 
     Idempotent: a second call returns the existing group. With world size 1
-    it warns once and does nothing, so the same script runs single-process
-    (and returns ``None``). On CUDA the current device is set to the local
-    rank (or ``FLAGS_selected_gpus``).
+    it does nothing (a launcher that started one process gets a one-time
+    note), so the same script runs single-process (and returns ``None``).
+    On CUDA the current device is set, once, to ``ParallelEnv().device``
+    (the local rank, or ``FLAGS_selected_gpus``), and NCCL carries the CUDA
+    tensors while gloo carries the CPU ones (Note [per-device backends]).
 
     Args:
         backend: ``"auto"`` (``PADDLE_DISTRI_BACKEND`` when set, e.g. by ``spawn(backend=...)``;
-            else NCCL with CUDA, gloo otherwise), ``"gloo"`` or ``"nccl"``.
+            else ``cpu:gloo,cuda:nccl`` with CUDA, falling back to gloo with a
+            warning when this node has more ranks than GPUs; gloo without CUDA),
+            ``"gloo"`` or ``"nccl"`` (``cpu:gloo,cuda:nccl``; more ranks than GPUs is a
+            :class:`DistEnvError`).
         timeout: seconds (or a ``timedelta``) a collective may wait for a peer;
             default ``FLEETLITE_COLLECTIVE_TIMEOUT`` or 600 s.
 
@@ -140,37 +201,44 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     """
     global _warned_single, _group_timeout
     paddle_backend = os.environ.get("PADDLE_DISTRI_BACKEND", "").strip()  # set by spawn(backend=...)
-    if isinstance(backend, str) and backend.lower() == "auto" and paddle_backend:
+    requested = backend.lower() if isinstance(backend, str) else backend
+    if requested == "auto" and paddle_backend:
         try:
-            resolved = _resolve_backend(paddle_backend)
+            _resolve_backend(paddle_backend)
         except ValueError as e:
             raise DistEnvError(f"environment variable PADDLE_DISTRI_BACKEND={paddle_backend!r} is not usable: {e}; "
                                "fix or unset it") from None
+        requested = paddle_backend.lower()
     else:
-        resolved = _resolve_backend(backend)
+        _resolve_backend(backend)
     td = _as_timedelta(timeout)
     if tdist.is_available() and tdist.is_initialized():
         return tdist.group.WORLD
     env = read_env()
     if env.world_size == 1:
-        if not _warned_single:
+        # a plain `python script.py` is single-process by intent: only a launcher saying "1 process" gets a note
+        if not _warned_single and env.source != "none":
             warnings.warn("fleetlite: world size is 1, running single-process (no process group created)",
                           stacklevel=2)
             _warned_single = True
         return None
     if not tdist.is_available():
         raise RuntimeError("this torch build has no torch.distributed support; install a standard torch wheel")
-    if torch.cuda.is_available():  # on CUDA every rank works on its own GPU, whatever the backend
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    resolved, note = choose_backend(requested, gpus, env.local_world_size)  # Note [per-device backends]
+    if note and env.local_rank == 0:  # every rank of the node falls back alike: one line per node
+        _warn_once("gloo-fallback", note)
+    kwargs = {}
+    if gpus:  # every rank works on its own GPU (ParallelEnv().device, the one source), whatever the backend
         from .env import ParallelEnv
 
-        device_id = ParallelEnv().device_id % torch.cuda.device_count()
-        torch.cuda.set_device(device_id)
+        device = ParallelEnv().device
+        torch.cuda.set_device(device)
+        if "nccl" in resolved:
+            kwargs["device_id"] = device
     if env.source == "paddle":
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
-    kwargs = {}
-    if resolved == "nccl":
-        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     store = _elastic_store(env.world_size, td)
     if store is not None:
         kwargs["store"] = store
@@ -181,8 +249,10 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     atexit.register(_destroy_at_exit)
     _group_timeout = td
     from .faults import register_process
+    from .monitor import start_monitor
 
     register_process(td.total_seconds())  # Note [lost rank diagnosis]
+    start_monitor("nccl" in resolved, td.total_seconds())  # Note [peer monitor]
     return tdist.group.WORLD
 
 
@@ -222,7 +292,10 @@ def _destroy_at_exit() -> None:
     """
     try:
         if tdist.is_initialized():
-            if tdist.get_backend() == "gloo":
+            from .monitor import stop_monitor
+
+            stop_monitor()
+            if "gloo" in str(tdist.get_backend_config()):
                 time.sleep(0.05)
             tdist.destroy_process_group()
     except Exception:  # exiting anyway; nothing useful to report
@@ -259,6 +332,9 @@ def destroy_process_group() -> None:
     """Tear down the process group if one exists."""
     global _group_timeout
     if is_initialized():
+        from .monitor import stop_monitor
+
+        stop_monitor()
         tdist.destroy_process_group()
     _group_timeout = None
 

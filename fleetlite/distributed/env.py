@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["DistEnvError", "DistEnv", "read_env", "ParallelEnv"]
+__all__ = ["DistEnvError", "DistEnv", "read_env", "ParallelEnv", "choose_backend", "PER_DEVICE_BACKEND"]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 PADDLE_VARS = (
@@ -214,6 +214,51 @@ def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
     if any(k in env for k in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS")):
         return _read_paddle(env)
     return DistEnv(selected_gpus=_gpus(env))
+
+
+#: What ``init_parallel_env`` gives torch when CUDA is used: CPU tensors over gloo, CUDA tensors over NCCL.
+PER_DEVICE_BACKEND = "cpu:gloo,cuda:nccl"
+
+
+def choose_backend(requested: str, gpu_count: int, local_world_size: int) -> tuple[str, str | None]:
+    """The backend string for ``torch.distributed.init_process_group`` and a one-line warning (or None).
+
+    Note [per-device backends]
+        NCCL moves CUDA tensors only; a CPU model, a metric summed on the CPU
+        or a found-inf flag on the CPU would fail with "No backend type
+        associated with device type cpu". With CUDA the group is therefore
+        made with one backend per device type, ``cpu:gloo,cuda:nccl``: each
+        tensor goes over the backend of its own device. NCCL also needs one
+        GPU per rank ("Duplicate GPU detected"): with more ranks on this node
+        than visible GPUs, ``auto`` falls back to gloo (the ranks share the
+        GPUs, slowly but correctly) and an explicit ``nccl`` is an error.
+
+    Args:
+        requested: ``"auto"``, ``"gloo"`` or ``"nccl"``.
+        gpu_count: visible CUDA devices (0 without CUDA).
+        local_world_size: ranks on this node.
+
+    >>> choose_backend("auto", 2, 2)
+    ('cpu:gloo,cuda:nccl', None)
+    >>> choose_backend("auto", 0, 2)
+    ('gloo', None)
+    """
+    if requested == "gloo" or (requested == "auto" and gpu_count == 0):
+        return "gloo", None
+    if gpu_count == 0:
+        raise ValueError("backend 'nccl' needs CUDA, but no CUDA device is available here; "
+                         "use backend='gloo' (or 'auto') to run on the CPU")
+    if local_world_size > gpu_count:
+        if requested == "nccl":
+            raise DistEnvError(
+                f"backend='nccl' needs one GPU per rank, but this node runs {local_world_size} ranks "
+                f"(LOCAL_WORLD_SIZE / --nproc_per_node) and sees {gpu_count} GPU(s) (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); start at most {gpu_count} ranks per node, "
+                "make more GPUs visible, or use backend='gloo' (or 'auto', which falls back to gloo)")
+        return "gloo", (f"fleetlite: {local_world_size} ranks on this node but {gpu_count} visible GPU(s): NCCL "
+                        "needs one GPU per rank, so the group uses gloo and the ranks share GPUs (slower); start "
+                        f"at most {gpu_count} ranks per node to use NCCL")
+    return PER_DEVICE_BACKEND, None
 
 
 class ParallelEnv:

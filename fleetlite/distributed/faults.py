@@ -46,6 +46,7 @@ _HINTS = ("connection closed", "connection reset", "closed by peer", "broken pip
 _BACKEND_WORDS = ("gloo", "nccl", "c10d", "processgroup", "pair.cc", "unbound_buffer", "distbackenderror")
 
 _peers: dict[int, tuple[str, int]] = {}  # rank -> (host, pid), filled by register_process
+_monitor_error: CollectiveError | None = None  # set by the peer monitor when it aborted the group (monitor.py)
 _prefix: str | None = None
 _generation = 0
 
@@ -216,6 +217,8 @@ def peer_lost_error(where: str, exc: BaseException, timeout_s: float | None = No
     """A :class:`CollectiveError` for ``exc`` raised in ``where``, naming the lost ranks (``.lost``)."""
     import torch.distributed as tdist
 
+    if _monitor_error is not None:  # the monitor aborted the group: same message (Note [peer monitor], monitor.py)
+        return CollectiveError(str(_monitor_error), dict(_monitor_error.lost or {}))
     me, world = tdist.get_rank(), tdist.get_world_size()
     status, store_problem = diagnose_peers()
     lost = {r: kind for r, (kind, _) in status.items() if kind != "survivor"}
@@ -302,3 +305,4 @@ def check_same_across_ranks(what: str, value: Any, hint: str = "", limit: int = 
         shown = "; ".join(lines[:limit]) + (f"; and {len(lines) - limit} more" if len(lines) > limit else "")
         raise RankMismatchError(f"{what} differs across ranks ({shown}). Every rank must use the same {what}"
                                 f"{'; ' + hint if hint else ''}.")
+

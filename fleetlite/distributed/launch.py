@@ -15,7 +15,15 @@ Every torchrun option works unchanged (``--nproc_per_node``, ``--nnodes``,
 * exits non-zero when any worker fails (1), and with 128 + the signal's
   number when the launcher itself is stopped by SIGTERM/SIGINT/... (the
   workers get the signal first; the recipe's workers then checkpoint at the
-  next step and exit, see ``fleetlite.callbacks.Preemption``).
+  next step and exit, see ``fleetlite.callbacks.Preemption``; Ctrl-C is a
+  SIGINT, handled the same way, and a second Ctrl-C stops at once);
+* checks ``--nproc_per_node`` before starting anything (a positive number, or
+  torchrun's ``auto``/``cpu``/``gpu``; at most one process per ``--gpus`` entry);
+* is quiet by default: no OMP_NUM_THREADS banner (it still sets 1 thread per
+  worker when there are several, as torchrun does), no agent log lines, and
+  one line per failed rank, with every traceback and torchrun's full report
+  in a log file named on that line. ``FLEETLITE_VERBOSE=1`` (or torchrun's
+  ``LOGLEVEL``) brings back torchrun's own output.
 
 Usage::
 
@@ -25,9 +33,12 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import MutableMapping
 
@@ -36,6 +47,17 @@ __all__ = ["main", "split_paddle_options", "resolve_argv"]
 _PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
 #: Seconds since the epoch when ``fleetlite launch`` started; read by recipes (``${launch_time:...}``).
 LAUNCH_TIME_VAR = "FLEETLITE_LAUNCH_TIME"
+#: ``1``: torchrun's own output (agent logs, full failure report, worker tracebacks on stderr).
+VERBOSE_VAR = "FLEETLITE_VERBOSE"
+#: The file a quiet launch writes the workers' tracebacks and torchrun's failure report to.
+LOG_VAR = "FLEETLITE_LAUNCH_LOG"
+_NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+
+
+def verbose(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether the launch shows torchrun's own output (``FLEETLITE_VERBOSE=1`` or a ``LOGLEVEL`` set)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(VERBOSE_VAR, "").strip().lower() in ("1", "true", "yes") or "LOGLEVEL" in environ
 
 
 def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
@@ -99,17 +121,42 @@ def resolve_argv(argv: list[str], environ: MutableMapping[str, str] | None = Non
     """
     environ = os.environ if environ is None else environ
     argv, gpus = split_paddle_options(list(argv))
+    launcher_part, _ = _launcher_options(argv)
+    nproc = _nproc_per_node(launcher_part)
     if gpus is None:
         return argv
     ids = [g.strip() for g in gpus.split(",") if g.strip()]
     if not ids or not all(g.isdigit() for g in ids):
         raise SystemExit(f"fleetlite launch: --gpus {gpus!r} must be a comma-separated list of GPU "
                          "indices, e.g. --gpus 0,1")
+    if nproc is not None and nproc.isdigit() and int(nproc) > len(ids):
+        raise SystemExit(f"fleetlite launch: --nproc_per_node {nproc} starts more processes than --gpus {gpus} "
+                         f"lists ({len(ids)}); list one GPU per process or lower --nproc_per_node")
     environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    launcher_part, _ = _launcher_options(argv)
-    if not any(a.split("=")[0] in ("--nproc_per_node", "--nproc-per-node") for a in launcher_part):
+    if nproc is None:
         argv = ["--nproc_per_node", str(len(ids)), *argv]
     return argv
+
+
+def _nproc_per_node(launcher_part: list[str]) -> str | None:
+    """The ``--nproc_per_node`` value among torchrun's options (None when absent); exits on a bad one.
+
+    >>> _nproc_per_node(["--nproc_per_node", "2"])
+    '2'
+    """
+    value = None
+    for i, tok in enumerate(launcher_part):
+        name, eq, raw = tok.partition("=")
+        if name in ("--nproc_per_node", "--nproc-per-node"):
+            value = raw if eq else (launcher_part[i + 1] if i + 1 < len(launcher_part) else "")
+    if value is None:
+        return None
+    if value.strip() in _NPROC_WORDS:
+        return value.strip()
+    if not value.strip().isdigit() or int(value) < 1:
+        raise SystemExit(f"fleetlite launch: --nproc_per_node {value!r} must be a positive number of processes "
+                         f"per node (or one of {', '.join(_NPROC_WORDS)}), e.g. --nproc_per_node 2")
+    return value.strip()
 
 
 def _launcher_options(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -150,34 +197,131 @@ def main(argv: list[str] | None = None) -> int:
         args.module = False
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    loud = verbose()
+    saved = {k: os.environ.get(k) for k in (LAUNCH_TIME_VAR, LOG_VAR, "OMP_NUM_THREADS")}
     # one launch time for every worker and every restart (see the module doc); restored for in-process callers
-    previous = os.environ.get(LAUNCH_TIME_VAR)
-    os.environ[LAUNCH_TIME_VAR] = previous or f"{time.time():.6f}"
+    os.environ[LAUNCH_TIME_VAR] = saved[LAUNCH_TIME_VAR] or f"{time.time():.6f}"
+    if not loud:
+        _quiet_torchrun(args)
+        os.environ.setdefault(LOG_VAR, os.path.join(tempfile.gettempdir(), f"fleetlite-launch-"
+                              f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"))
     try:
         trun.run(args)
     except ChildFailedError as e:
         # the workers run through the bootstrap: name the user's script in the summary
         msg = e.format_msg().replace(f"{_bootstrap_path()} FAILED", f"{target} FAILED")
-        print(f"fleetlite launch: a worker failed:\n{msg}", file=sys.stderr)
+        if loud:
+            print(f"fleetlite launch: a worker failed:\n{msg}", file=sys.stderr)
+        else:
+            log = os.environ[LOG_VAR]
+            try:
+                with open(log, "a") as f:
+                    f.write(msg + "\n")
+                where = f"tracebacks and torchrun's report in {log}"
+            except OSError as err:
+                where = f"could not write the report to {log} ({err}); set FLEETLITE_VERBOSE=1 to see it here"
+            first, _ = e.get_first_failure()  # the root cause first, then the ranks that failed because of it
+            for rank, failure in sorted(e.failures.items(), key=lambda item: (item[0] != first, item[0])):
+                print(f"fleetlite launch: a worker failed: rank {rank} ({target}): {_one_line(failure)} "
+                      f"[{where}]", file=sys.stderr)
         return 1
     except SignalException as e:
         sig = signal.Signals(e.sigval)
         grace = args.shutdown_timeout
         if grace is None:
             grace = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+        again = ""
+        if sig == signal.SIGINT:
+            again = " (a second Ctrl-C stops them at once)"
+            if _stop_workers_now():  # this was the second Ctrl-C, which came while torchrun waited for them
+                again = "; a second Ctrl-C stopped them at once, without a checkpoint"
         print(f"fleetlite launch: stopped by {sig.name}; the workers got it too and had {grace} s "
-              "(--shutdown_timeout) to finish. A recipe saves a checkpoint at its next step: continue it with "
-              "resume=auto", file=sys.stderr)
+              f"(--shutdown_timeout) to finish{again}. A recipe saves a checkpoint at its next step: continue it "
+              "with resume=auto", file=sys.stderr)
         return 128 + int(sig)
     except KeyboardInterrupt:
         return 130
     finally:
-        if previous is None:
-            os.environ.pop(LAUNCH_TIME_VAR, None)
-        else:
-            os.environ[LAUNCH_TIME_VAR] = previous
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return 0
 
+
+def _children() -> list[int]:
+    """Pids of this process's children (Linux; empty elsewhere)."""
+    pids: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return pids
+
+
+def _stop_workers_now(grace: float = 5.0) -> bool:
+    """Pass a second SIGINT to workers still running (they stop at once), SIGKILL any left after ``grace`` s.
+
+    torchrun gives the workers the first SIGINT and waits for them; a second
+    Ctrl-C interrupts that wait and would leave them running. True when any
+    worker was still there.
+    """
+    workers = _children()
+    had = bool(workers)
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    while workers and time.monotonic() < deadline:
+        workers = [p for p in workers if _reap(p)]
+        time.sleep(0.05)
+    for pid in workers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return had
+
+
+def _reap(pid: int) -> bool:
+    """True while ``pid`` (a child) is still running."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def _quiet_torchrun(args) -> None:
+    """No OMP_NUM_THREADS banner (set the value torchrun would, silently) and no agent log lines."""
+    from torch.distributed import run as trun
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        try:
+            several = trun.determine_local_world_size(args.nproc_per_node) > 1
+        except ValueError:
+            several = False
+        if several:
+            os.environ["OMP_NUM_THREADS"] = "1"
+    # torchrun's loggers were made at import with levels of their own: only failures matter, and those
+    # are reported by main() in one line each
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
+
+
+def _one_line(failure) -> str:
+    """What a failed worker reported (its exception, or the signal that ended it), on one line."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = " ".join(str(message).split())
+    if not text or text.startswith("To enable traceback"):
+        text = f"exit code {failure.exitcode}"
+    if len(text) > 300:  # a long message (a CollectiveError's advice): its first sentence says what happened
+        text = text.split(". ")[0]
+    return text[:400]
 
 if __name__ == "__main__":
     sys.exit(main())

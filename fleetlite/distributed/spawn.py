@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 import torch
 import torch.multiprocessing as mp
@@ -54,6 +56,51 @@ def worker_env(rank: int, world_size: int, master_addr: str, master_port: int,
         "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
         "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
     }
+
+
+#: Variables of an enclosing launcher (torchrun / Paddle) that must not leak into spawned children: with them a
+#: child would look for torchelastic's agent store on the new group's port and hang until the timeout.
+_LAUNCHER_PREFIXES = ("TORCHELASTIC_", "PADDLE_", "GROUP_", "ROLE_")
+_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   "FLAGS_selected_gpus")
+
+
+def _is_launcher_var(name: str) -> bool:
+    return name in _LAUNCHER_NAMES or name.startswith(_LAUNCHER_PREFIXES)
+
+
+@contextlib.contextmanager
+def _child_environment(extra: dict[str, str]) -> Iterator[None]:
+    """The parent's environment while the children start: without launcher variables, with ``extra``.
+
+    Set before the children exist, so a child sees it from its first line (``CUDA_VISIBLE_DEVICES`` must be
+    in place before the main module, and torch, are imported there); restored afterwards.
+    """
+    saved = {k: v for k, v in os.environ.items() if _is_launcher_var(k) or k in extra}
+    for k in saved:
+        if _is_launcher_var(k):
+            del os.environ[k]
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k in extra:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+
+
+def _refuse_inside_a_job() -> None:
+    from .env import read_env
+
+    try:
+        env = read_env()
+    except ValueError:  # malformed launcher variables: the children do not inherit them anyway
+        return
+    if env.world_size > 1:
+        raise SpawnError(f"spawn() was called in rank {env.rank} of a job of {env.world_size} processes (started by "
+                         "`fleetlite launch` or another launcher): each rank would start its own group. The "
+                         "launcher already started the processes: call the function directly there, or run the "
+                         "script with plain python to let spawn start them")
 
 
 def _entry(index: int, func, args, envs: list[dict[str, str]]) -> None:
@@ -114,10 +161,12 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
         options: ``start_method`` (default ``"spawn"``), ``master_addr``, ``master_port``,
             and Paddle's ``backend`` (what ``init_parallel_env()`` uses in the
             children, via ``PADDLE_DISTRI_BACKEND``), ``gpus`` (e.g. ``"0,1"``: sets
-            ``CUDA_VISIBLE_DEVICES``) and ``ips`` (this machine only).
+            ``CUDA_VISIBLE_DEVICES`` before the children start) and ``ips`` (this machine only).
+            The children do not inherit an enclosing launcher's variables.
 
     Raises:
-        SpawnError: when a worker raises or dies, naming its rank, with the
+        SpawnError: at once when called inside one rank of a multi-process job (the launcher already
+            started the processes); when a worker raises or dies, naming its rank, with the
             worker's traceback; the other workers are stopped first.
 
     Example::
@@ -137,19 +186,21 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
         raise TypeError(f"spawn got unknown options {sorted(unknown)}; known: {', '.join(sorted(known))}")
     if not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
         raise ValueError(f"nprocs={nprocs!r} must be a positive integer or -1 (one per GPU / CPU core)")
+    _refuse_inside_a_job()
     nprocs, extra = _paddle_options(options, nprocs)
     if nprocs == -1:
         nprocs = _default_nprocs()
     start_method = options.get("start_method", "spawn")
     addr = options.get("master_addr", "127.0.0.1")
     port = int(options.get("master_port") or find_free_port(addr))
-    envs = [{**extra, **worker_env(r, nprocs, addr, port)} for r in range(nprocs)]
+    envs = [worker_env(r, nprocs, addr, port) for r in range(nprocs)]
     if "CUDA_VISIBLE_DEVICES" in extra:
         for r, env in enumerate(envs):
             env["FLAGS_selected_gpus"] = str(r)
     try:
-        ctx = mp.start_processes(_entry, args=(func, tuple(args), envs), nprocs=nprocs, join=False,
-                                 daemon=daemon, start_method=start_method)
+        with _child_environment(extra):
+            ctx = mp.start_processes(_entry, args=(func, tuple(args), envs), nprocs=nprocs, join=False,
+                                     daemon=daemon, start_method=start_method)
     except Exception as e:
         hint = ("; define the function at module level (not a lambda or a nested function) so the new "
                 "processes can import it") if "pickle" in str(e).lower() else ""

@@ -156,7 +156,9 @@ def global_sum(*values: float | int | torch.Tensor, group: Any = None) -> tuple[
     out = []
     # one flat float64 buffer per device: ints up to 2**53 are exact in float64
     tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64) for v in values]
-    device = _collective_device(group)
+    # by the values' device (CUDA counts stay on the GPU, CPU ones go over gloo), not by the backend's name
+    first = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    device = collective.collective_device(first, group)
     flat = torch.cat([t.detach().to(device, torch.float64).reshape(-1) for t in tensors])
     collective.all_reduce(flat, group=group)
     pos = 0
@@ -172,10 +174,3 @@ def global_sum(*values: float | int | torch.Tensor, group: Any = None) -> tuple[
             out.append(float(part.item()))
     return tuple(out)
 
-
-def _collective_device(group: Any) -> torch.device:
-    import torch.distributed as tdist
-
-    if tdist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

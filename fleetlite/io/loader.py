@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..vision.transforms import CIFAR10_MEAN, CIFAR10_STD, PAD_MODES, crop_flip, normalize
+from ..vision.transforms import CIFAR10_MEAN, CIFAR10_STD, PAD_MODES, crop_flip, normalize, normalize_params
 from .sampler import DistributedBatchSampler
 
 __all__ = ["TensorLoader"]
@@ -91,6 +91,14 @@ class TensorLoader:
         self.augment, self.channels_last = bool(augment), bool(channels_last)
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.pad_mode, self.padding = pad_mode, padding
+        self._norm: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _norm_params(self, device: torch.device, dtype: torch.dtype = torch.float32):
+        """mean/std as scale and bias on ``device``: made once per device and dtype, not copied per batch."""
+        key = (device, dtype)
+        if key not in self._norm:
+            self._norm[key] = normalize_params(self.mean, self.std, device, dtype)
+        return self._norm[key]
 
     # -- iteration ---------------------------------------------------------------------------------------------
 
@@ -107,11 +115,15 @@ class TensorLoader:
         epoch = self.batch_sampler.epoch  # the epoch the sampler's next pass uses
         aug = self._augmentation(epoch) if self.augment else None
         for indices in self.batch_sampler:
-            idx = torch.tensor(indices, dtype=torch.int64).to(self.device, non_blocking=True)
+            idx = torch.tensor(indices, dtype=torch.int64)
+            if self.device.type == "cuda":  # from pinned memory the copy is asynchronous
+                idx = idx.pin_memory()
+            idx = idx.to(self.device, non_blocking=True)
             x = self.images.index_select(0, idx)
             if aug is not None:
                 x = crop_flip(x, aug[0][idx], aug[1][idx], aug[2][idx], self.padding, self.pad_mode)
-            yield normalize(x, self.mean, self.std, self.channels_last), self.labels.index_select(0, idx)
+            yield (normalize(x, channels_last=self.channels_last, params=self._norm_params(x.device)),
+                   self.labels.index_select(0, idx))
 
     def __len__(self) -> int:
         return len(self.batch_sampler)

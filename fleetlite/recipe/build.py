@@ -25,21 +25,41 @@ from omegaconf import DictConfig, OmegaConf
 
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
-__all__ = ["Data", "resolve_device", "build_data", "build_model", "build_optimizer", "build_scheduler",
-           "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE", "PLOT_FILE"]
+__all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
+           "build_scheduler", "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE",
+           "PLOT_FILE"]
 
 METRICS_FILE = "metrics.csv"
 PLOT_FILE = "training_curves.png"
 _WHITENING_IMAGES = 5000
 
 
-def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> this rank's GPU when CUDA is present, else the CPU; ``cuda`` without CUDA is an error."""
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> this rank's GPU when CUDA is present, else the CPU; ``cuda`` without CUDA is an error.
+
+    The rank's GPU is ``ParallelEnv().device``, the one place that decides it
+    (``init_parallel_env`` makes it the current device).
+    """
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA device is available here; use device=auto or device=cpu")
     if device == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    from fleetlite.distributed import ParallelEnv
+
+    return ParallelEnv().device
+
+
+def apply_speed_flags(trainer_cfg: DictConfig, device: torch.device) -> dict[str, bool]:
+    """Turn on ``cudnn.benchmark`` and TF32 matmuls/convolutions as ``trainer.cudnn_benchmark`` /
+    ``trainer.allow_tf32`` say (``null``: on for CUDA runs, off on the CPU); returns what was applied, for the
+    run's recorded config."""
+    on_cuda = device.type == "cuda"
+    benchmark = on_cuda if trainer_cfg.get("cudnn_benchmark") is None else bool(trainer_cfg.cudnn_benchmark)
+    tf32 = on_cuda if trainer_cfg.get("allow_tf32") is None else bool(trainer_cfg.allow_tf32)
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return {"cudnn_benchmark": benchmark, "allow_tf32": tf32}
 
 
 @dataclass

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
-from .build import METRICS_FILE, PLOT_FILE, resolve_device
+from .build import METRICS_FILE, PLOT_FILE, apply_speed_flags, resolve_device
 from .preflight import agree
 from .validate import CHECKPOINT_SUBDIR, ConfigError, find_resume_checkpoint
 
@@ -65,11 +65,13 @@ def start_run(cfg: DictConfig) -> Run:
     from fleetlite.distributed import get_rank, get_world_size, init_parallel_env, read_env
 
     env = read_env()
-    device = resolve_device(cfg.device.value, env.local_rank)
-    if env.world_size > 1:
-        init_parallel_env(backend="nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
+    if env.world_size > 1:  # per-device backends on CUDA; init makes ParallelEnv().device current (no set_device)
+        init_parallel_env(backend="gloo" if cfg.device.value == "cpu" else "auto")
+    device = resolve_device(cfg.device.value)
+    speed = apply_speed_flags(cfg.trainer, device)
+    with open_dict(cfg):  # what was applied goes into the run's recorded config
+        cfg.trainer.cudnn_benchmark, cfg.trainer.allow_tf32 = speed["cudnn_benchmark"], speed["allow_tf32"]
     torch.manual_seed(int(cfg.seed))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     answer: dict[str, Any] = {}

@@ -235,6 +235,8 @@ class TrainerConfig:
     keep_last: int | None = None        # keep only the newest N periodic checkpoints (latest.pt always stays)
     label_smoothing: float = 0.0
     plot: bool = True                   # training_curves.png at the end (needs matplotlib)
+    cudnn_benchmark: bool | None = None  # cudnn autotuning (fixed input sizes); null: on for CUDA runs
+    allow_tf32: bool | None = None      # TF32 matmuls/convolutions on Ampere+; null: on for CUDA runs
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
 
 

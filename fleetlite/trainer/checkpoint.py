@@ -309,8 +309,15 @@ def capture_rng_state() -> dict[str, Any]:
                   "has_gauss": int(has_gauss), "gauss": float(gauss)},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = list(torch.cuda.get_rng_state_all())
+        # the rank's own device only: its index differs under another CUDA_VISIBLE_DEVICES, its stream does not
+        state["cuda_device"] = torch.cuda.get_rng_state(_rank_cuda_device())
     return state
+
+
+def _rank_cuda_device() -> torch.device:
+    from ..distributed.env import ParallelEnv
+
+    return ParallelEnv().device
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -322,8 +329,11 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
+    own = state.get("cuda_device")
+    if own is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(own, _rank_cuda_device())
+    cuda = state.get("cuda")  # older checkpoints: every visible device's state
+    if own is None and cuda is not None and torch.cuda.is_available():
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         else:

@@ -114,8 +114,10 @@ class Connector:
             run.gradient_merge = False
         fleet.init(is_collective=True, strategy=run)
         _trainer_set_strategy["dict"] = run.to_dict()
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
+            from ..distributed.env import ParallelEnv
+
+            self.device = ParallelEnv().device
         self._started = True
 
     @property

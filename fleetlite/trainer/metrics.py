@@ -211,9 +211,7 @@ def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) ->
     if not parts:
         return extra
     flat = torch.cat(parts)
-    backend = torch.distributed.get_backend()
-    if backend == "nccl":
-        flat = flat.cuda()
+    flat = flat.to(collective.collective_device(flat.device))  # gloo takes the CPU sums (Note [per-device backends])
     collective.all_reduce(flat)
     flat = flat.cpu()
     offset = 0

@@ -1,4 +1,5 @@
-"""``Preemption``: on SIGTERM, every rank stops at the same optimizer step, checkpoints, and ``fit`` returns.
+"""``Preemption``: on SIGTERM or Ctrl-C (SIGINT), every rank stops at the same optimizer step, checkpoints, and
+``fit`` returns; a second Ctrl-C stops at once.
 
 # Note [pre-emption agreement]
 A scheduler pre-empts a job by sending SIGTERM (torchrun forwards it from the
@@ -28,6 +29,14 @@ the end of training, or this callback's own save when no such
 ``ModelCheckpoint`` is in use and a directory is known.
 ``trainer.preempted`` then names the signal.
 
+Note [second Ctrl-C]
+Ctrl-C in a terminal sends SIGINT to the launcher and to every worker (one
+process group), and ``fleetlite launch`` forwards the launcher's copy to
+the workers, so one key press reaches a worker twice within milliseconds.
+A SIGINT within ``_REPEAT_S`` of the first is that echo and is ignored; a
+later one is the user pressing again: the handlers are restored and
+``KeyboardInterrupt`` stops the rank at once (no checkpoint).
+
 Public through :mod:`fleetlite.callbacks`.
 """
 
@@ -45,6 +54,7 @@ from .callback_base import Callback, is_rank_zero
 __all__ = ["Preemption"]
 
 _MAX_INTERVAL = 10_000  # optimizer steps between two agreements, at most
+_REPEAT_S = 1.0  # a second SIGINT sooner than this is the same Ctrl-C arriving twice (Note [second Ctrl-C])
 _groups: dict[int, Any] = {}  # id(default group) -> the agreement group made for it
 
 
@@ -62,11 +72,12 @@ def _agreement_group():
 
 
 class Preemption(Callback):
-    """Stop cleanly on SIGTERM (pre-emption): all ranks stop after the same step and a checkpoint is written.
+    """Stop cleanly on SIGTERM (pre-emption) or Ctrl-C: all ranks stop after the same step and a checkpoint is written.
 
     Args:
-        signals: signal names to handle (default SIGTERM; SLURM users may add
-            ``"SIGUSR1"`` with ``--signal=USR1@60``).
+        signals: signal names to handle (default SIGTERM and SIGINT, Ctrl-C: a
+            second Ctrl-C stops at once; SLURM users may add ``"SIGUSR1"`` with
+            ``--signal=USR1@60``).
         save_dir: where to write ``step-NNNNNNNN.pt`` (+ ``latest.pt``) when no
             ``ModelCheckpoint(save_last=True)`` is among the callbacks; default
             ``fit(save_dir=...)``. Without either, training stops without a
@@ -86,7 +97,7 @@ class Preemption(Callback):
             raise SystemExit(143)   # 128 + SIGTERM: the job did not finish
     """
 
-    def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM",), save_dir: str | None = None,
+    def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGINT"), save_dir: str | None = None,
                  check_interval_s: float = 0.25, verbose: int = 1) -> None:
         super().__init__()
         if isinstance(check_interval_s, bool) or not isinstance(check_interval_s, (int, float)) \
@@ -103,6 +114,7 @@ class Preemption(Callback):
         self.save_dir = save_dir
         self.verbose = verbose
         self.received: str | None = None
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}
         self._group = None
         self._work = None
@@ -114,8 +126,13 @@ class Preemption(Callback):
     # -- the signal ------------------------------------------------------------------------------------------
     def _handle(self, signum, frame) -> None:
         # only set a flag: the main thread may be inside a collective; the agreement happens at a boundary
+        now = time.monotonic()
         if self.received is None:
             self.received = signal.Signals(signum).name
+            self._received_at = now
+        elif signum == signal.SIGINT and now - self._received_at > _REPEAT_S:  # Note [second Ctrl-C]
+            self._uninstall()
+            raise KeyboardInterrupt("a second Ctrl-C: stopping at once, without a checkpoint")
 
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -210,7 +227,7 @@ class Preemption(Callback):
         self._own_save = not any(cb.save_last for cb in cbs)
         if self._own_save and self._directory() is None and is_rank_zero():
             warnings.warn("fleetlite: Preemption has no checkpoint directory (no ModelCheckpoint, no "
-                          "save_dir): on SIGTERM training stops without a checkpoint", stacklevel=2)
+                          "save_dir): on SIGTERM or Ctrl-C training stops without a checkpoint", stacklevel=2)
         if collective.is_initialized() and collective.get_world_size() > 1:
             self._group = _agreement_group()
         self._install()

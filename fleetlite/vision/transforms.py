@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "PAD_MODES", "crop_flip", "random_crop_flip", "crop_flip_params",
-           "normalize"]
+           "normalize", "normalize_params"]
 
 #: Per-channel mean and std of the CIFAR-10 training images (RGB, in [0, 1]).
 CIFAR10_MEAN: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)
@@ -107,25 +107,45 @@ def random_crop_flip(images: torch.Tensor, padding: int = 4, pad_mode: str = "ze
     return crop_flip(images, dy, dx, fl, padding, pad_mode)
 
 
+def normalize_params(mean: Sequence[float], std: Sequence[float], device: torch.device | str | None = None,
+                     dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, bias)`` of shape ``(1, C, 1, 1)`` on ``device`` such that ``x * scale + bias`` normalises uint8 ``x``.
+
+    Made once and passed to :func:`normalize` (``params=``), they save two
+    host-to-device copies per batch (each a sync on CUDA).
+    """
+    if len(mean) != len(std):
+        raise ValueError(f"mean and std need one value per channel, got {len(mean)} and {len(std)}")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"std={tuple(std)} must be positive")
+    std_t = torch.tensor(std, dtype=torch.float64)
+    c = len(std)
+    scale = (1.0 / (255.0 * std_t)).to(device, dtype).view(1, c, 1, 1)
+    bias = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(device, dtype).view(1, c, 1, 1)
+    return scale, bias
+
+
 def normalize(images: torch.Tensor, mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
-              channels_last: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+              channels_last: bool = False, dtype: torch.dtype = torch.float32,
+              params: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``(images / 255 - mean) / std`` per channel for a uint8 ``(B, C, H, W)`` batch, as ``dtype``.
 
     Matches torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` up to
     float rounding. With ``channels_last`` the float result is laid out
     NHWC (converting the floats is ~3x faster here than permuting uint8).
+    ``params``: :func:`normalize_params` made once for this device and dtype
+    (``mean``/``std`` are then not read).
     """
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise ValueError(f"normalize expects a uint8 (B, C, H, W) batch, got {images.dtype} of shape "
                          f"{tuple(images.shape)}; convert floats yourself or pass the raw uint8 images")
     c = images.shape[1]
-    if len(mean) != c or len(std) != c:
+    if params is None and (len(mean) != c or len(std) != c):
         raise ValueError(f"mean and std need one value per channel ({c}), got {len(mean)} and {len(std)}")
-    if any(s <= 0 for s in std):
-        raise ValueError(f"std={tuple(std)} must be positive")
-    std_t = torch.tensor(std, dtype=torch.float64)
-    scale = (1.0 / (255.0 * std_t)).to(images.device, dtype).view(1, c, 1, 1)
-    bias = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(images.device, dtype).view(1, c, 1, 1)
+    scale, bias = params if params is not None else normalize_params(mean, std, images.device, dtype)
+    if scale.shape[1] != c or scale.device != images.device:
+        raise ValueError(f"normalize params are for {scale.shape[1]} channels on {scale.device}, the batch has {c} "
+                         f"on {images.device}; make them with normalize_params(mean, std, images.device)")
     # convert, then scale and shift in place: ~3x faster than a uint8 * float multiply with type promotion
     out = images.to(dtype).mul_(scale).add_(bias)
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -149,7 +150,8 @@ def test_console_script_launches_two_workers_with_both_conventions(tmp_path):
     for rank, r in enumerate(_records(out, 2)):
         assert (r["rank"], r["world"], r["sum"]) == (rank, 2, 3.0)
         assert r["argv"] == ["--lr", "0.1"] and r["main"] == "__main__"
-        assert r["backend"] == ("nccl" if r["cuda"] else "gloo")  # init_parallel_env() picks by itself
+        # init_parallel_env() picks by itself (Note [per-device backends])
+        assert r["backend"] == ("cpu:gloo,cuda:nccl" if r["cuda"] else "gloo")
         env = r["env"]
         assert (env["PADDLE_TRAINER_ID"], env["PADDLE_TRAINERS_NUM"]) == (str(rank), "2")
         assert (env["LOCAL_RANK"], env["FLAGS_selected_gpus"]) == (str(rank), str(rank))
@@ -161,12 +163,100 @@ def test_console_script_launches_two_workers_with_both_conventions(tmp_path):
 @pytest.mark.timeout(90)
 def test_failing_worker_gives_a_nonzero_exit_naming_the_script_and_error(tmp_path):
     script, _ = _script(tmp_path, FAILING, name="broken.py")
-    res = run_launch(["--nproc_per_node", "2", script], timeout=80,
+    res = run_launch(["--nproc_per_node", "2", script], timeout=80, env={"FLEETLITE_VERBOSE": "1"},
                      launcher=[sys.executable, "-m", "fleetlite.distributed.launch"])
     assert res.returncode != 0
     assert f"{script} FAILED" in res.stderr
     assert "RuntimeError: worker one is broken on purpose" in res.stderr
     assert "rank      : 1" in res.stderr.split("Root Cause")[-1]  # torchrun's summary blames rank 1
+
+
+# A plain script (no recipe, no Trainer): rank 1 raises; rank 0 reports what its barrier learnt about rank 1.
+PLAIN_RAISES = textwrap.dedent("""
+    import os, sys
+    import torch
+    import fleetlite.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_parallel_env(timeout=30)
+    if dist.get_rank() == 1:
+        raise ValueError("plain script breaks on rank 1")
+    try:
+        dist.barrier()
+    except dist.CollectiveError as e:
+        with open(os.path.join(sys.argv[1], "survivor.txt"), "w") as f:
+            f.write(str(e))
+        raise
+""")
+
+
+@pytest.mark.timeout(120)
+def test_plain_script_error_reaches_the_survivor_and_the_launch_is_quiet(tmp_path):
+    script, out = _script(tmp_path, PLAIN_RAISES, name="plain.py")
+    log = tmp_path / "launch.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOGLEVEL", "FLEETLITE_VERBOSE")}
+    env["FLEETLITE_LAUNCH_LOG"] = str(log)
+    res = subprocess.run([sys.executable, "-m", "fleetlite.cli", "launch", "--nproc_per_node", "2", script, out],
+                         capture_output=True, text=True, env=env, timeout=100)
+    assert res.returncode == 1
+    # the bootstrap told the peers (issue: a swallowed relative import in _tell_peers used to drop it)
+    survivor = open(os.path.join(out, "survivor.txt")).read()
+    assert "rank 1 raised ValueError: plain script breaks on rank 1" in survivor
+    lines = res.stderr.strip().splitlines()
+    assert lines and all(ln.startswith("fleetlite launch: a worker failed: rank ") for ln in lines), res.stderr
+    assert len(lines) <= 2 and any(ln.startswith("fleetlite launch: a worker failed: rank 1 (") and
+                                   "ValueError: plain script breaks on rank 1" in ln for ln in lines)
+    assert "OMP_NUM_THREADS" not in res.stderr and "Traceback" not in res.stderr
+    report = log.read_text()
+    assert "Traceback" in report and "plain script breaks on rank 1" in report and f"{script} FAILED" in report
+
+
+# A script that calls spawn() itself (the shared dp_basic.py without its --launched flag).
+SPAWNS = textwrap.dedent("""
+    import sys
+    import torch
+    import fleetlite.distributed as dist
+
+    def work(out_dir):
+        torch.set_num_threads(1)
+        dist.init_parallel_env()
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)
+        print(f"spawned rank {dist.get_rank()} sum {t.item():g}", flush=True)
+
+    if __name__ == "__main__":
+        dist.spawn(work, args=(sys.argv[1],), nprocs=2)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_spawn_inside_launch_works_with_one_process_and_fails_at_once_with_several(tmp_path):
+    script, out = _script(tmp_path, SPAWNS, name="spawns.py")
+    one = run_launch(["--nproc_per_node", "1", script, out], timeout=150)  # used to hang for the whole timeout
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "spawned rank 0 sum 3" in one.stdout and "spawned rank 1 sum 3" in one.stdout
+    two = run_launch(["--nproc_per_node", "2", script, out], timeout=80)
+    assert two.returncode == 1
+    lines = two.stderr.strip().splitlines()
+    assert len(lines) == 2 and all("SpawnError: spawn() was called in rank" in ln for ln in lines), two.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-1", ""])
+def test_bad_process_count_is_one_clear_line(value):
+    with pytest.raises(SystemExit) as info:
+        resolve_argv(["--nproc_per_node", value, "t.py"], environ={})
+    assert str(info.value).startswith(f"fleetlite launch: --nproc_per_node {value!r} must be a positive number")
+    with pytest.raises(SystemExit, match="must be a positive number"):
+        main([f"--nproc_per_node={value}", "t.py"])
+
+
+def test_process_count_is_checked_against_the_gpu_list():
+    env = {}
+    with pytest.raises(SystemExit, match=r"--nproc_per_node 3 starts more processes than --gpus 0,1 lists \(2\)"):
+        resolve_argv(["--gpus", "0,1", "--nproc_per_node", "3", "t.py"], env)
+    assert env == {}  # refused before anything was set
+    assert resolve_argv(["--gpus", "0,1", "--nproc_per_node", "1", "t.py"], env) == ["--nproc_per_node", "1", "t.py"]
+    assert resolve_argv(["--nproc_per_node", "auto", "t.py"], {}) == ["--nproc_per_node", "auto", "t.py"]
 
 
 @pytest.mark.timeout(120)

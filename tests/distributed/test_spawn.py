@@ -112,3 +112,40 @@ def test_default_process_count_is_one_per_gpu_else_one_per_core(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert spawn_mod._default_nprocs() == 8
+
+
+def test_visible_gpus_are_set_before_the_child_imports_anything(tmp_path, clean_dist_env):
+    from spawn_probe import record
+
+    clean_dist_env.setenv("CUDA_VISIBLE_DEVICES", "7")  # the parent's own value comes back afterwards
+    dist.spawn(record, args=(str(tmp_path),), nprocs=2, gpus="2,3", backend="gloo")
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, s in enumerate(seen):
+        assert s["at_import"]["CUDA_VISIBLE_DEVICES"] == "2,3"  # at import, not only once func runs
+        assert s["at_import"]["PADDLE_DISTRI_BACKEND"] == "gloo"
+        assert s["selected"] == str(rank)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7" and "PADDLE_DISTRI_BACKEND" not in os.environ
+
+
+def test_children_do_not_inherit_an_enclosing_launchers_variables(tmp_path, clean_dist_env):
+    from spawn_probe import record
+
+    # what torchrun gives a worker of a one-process launch: with it a child would wait for the agent's store
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                 "GROUP_RANK": "0"}.items():
+        clean_dist_env.setenv(k, v)
+    dist.spawn(record, args=(str(tmp_path),), nprocs=2)
+    for r in range(2):
+        s = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert s["at_import"]["TORCHELASTIC_RUN_ID"] is None and s["agent_store"] is None
+        assert s["at_import"]["GROUP_RANK"] is None
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # the parent keeps its own
+
+
+def test_spawn_inside_a_multi_process_job_is_refused_at_once(clean_dist_env):
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        clean_dist_env.setenv(k, v)
+    start = time.monotonic()
+    with pytest.raises(SpawnError, match=r"rank 1 of a job of 2 processes.*call the function directly") as info:
+        dist.spawn(_all_reduce_rank, args=("unused", 1.0), nprocs=2)
+    assert "\n" not in str(info.value) and time.monotonic() - start < 5

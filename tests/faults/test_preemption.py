@@ -124,3 +124,56 @@ def test_bad_arguments_say_what_to_pass():
         Preemption(signals=["SIGFOO"])
     with pytest.raises(ValueError, match=r"check_interval_s=-1\) must be seconds in \[0, 60\]"):
         Preemption(check_interval_s=-1)
+
+
+def test_ctrl_c_is_handled_like_sigterm_and_a_second_one_stops_at_once(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    t = tiny_trainer()
+
+    class CtrlC(Fault):
+        def on_train_batch_begin(self, step, logs=None):
+            if self.trainer.global_step == self.step and self.trainer.at_step_boundary:
+                self.step = -1
+                os.kill(os.getpid(), signal.SIGINT)  # not a KeyboardInterrupt: a flag, then a clean stop
+                os.kill(os.getpid(), signal.SIGINT)  # the same Ctrl-C arriving twice is not a second one
+
+    t.fit(data(), epochs=2, batch_size=8, verbose=0,
+          callbacks=[ModelCheckpoint(str(tmp_path), save_freq=None), Preemption(verbose=0), CtrlC(0, 5, "int")])
+    assert t.preempted == "SIGINT" and t.global_step == 6
+    assert load_checkpoint(tmp_path / "latest.pt")["progress"]["global_step"] == 6
+    assert signal.getsignal(signal.SIGINT) is before
+    p = Preemption()
+    p._install()
+    try:
+        p._handle(signal.SIGINT, None)
+        p._received_at -= 2.0  # the user presses again, seconds later
+        with pytest.raises(KeyboardInterrupt, match="second Ctrl-C"):
+            p._handle(signal.SIGINT, None)
+        assert signal.getsignal(signal.SIGINT) is before  # a third one gets Python's default
+    finally:
+        p._uninstall()
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_to_launch_stops_every_rank_after_the_same_step_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, **launch_env(FAULT_DIR=str(tmp_path), FAULT_SLEEP="0.25"))
+    cmd = [sys.executable, "-m", "fleetlite.cli", "launch", "--nproc_per_node", "2", str(WRAPPER), *RECIPE_ARGS,
+           f"run_dir={run_dir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(tmp_path), start_new_session=True)
+    try:
+        _wait_for_step(tmp_path / "step", 3, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the launcher's whole process group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "fleetlite launch: stopped by SIGINT" in err
+    stop = int(out.split("SIGINT received: every rank stops after optimizer step ")[1].split(";")[0])
+    assert load_checkpoint(run_dir / "checkpoints" / "latest.pt")["progress"]["global_step"] == stop
+    assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3  # at most one line per rank, and the launcher's
+    assert not [p for p in (int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1)) if alive(p)]

@@ -128,3 +128,18 @@ def test_clear_errors():
         TensorLoader(x, y.int(), batch_size=4, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="pad_mode"):
         TensorLoader(x, y, batch_size=4, num_replicas=1, rank=0, pad_mode="wrap")
+
+
+def test_normalisation_constants_are_made_once_per_device_not_per_batch(monkeypatch):
+    import fleetlite.io.loader as loader_mod
+    from fleetlite.vision.transforms import normalize
+
+    x = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8)
+    y = torch.zeros(40, dtype=torch.int64)
+    made = []
+    real = loader_mod.normalize_params
+    monkeypatch.setattr(loader_mod, "normalize_params", lambda *a, **k: made.append(a) or real(*a, **k))
+    loader = TensorLoader(x, y, batch_size=8, shuffle=False, augment=False, num_replicas=1, rank=0)
+    batches = [b for _ in range(2) for b, _ in loader]
+    assert len(batches) == 10 and len(made) == 1  # once for (cpu, float32), not twice per batch
+    assert torch.allclose(batches[0], normalize(x[:8]))  # the same numbers as the uncached path

@@ -65,26 +65,68 @@ class DistGradScaler(torch.amp.GradScaler):
         self._group = group
         self._incr_count = 0
         self._decr_count = 0
-        self.last_found_inf = False
+        self._incr_t: torch.Tensor | None = None  # the counters on the scale's device (update() stays there)
+        self._decr_t: torch.Tensor | None = None
+        self._found_value: bool | None = False
+        self._found_tensor: torch.Tensor | None = None
+
+    # -- Note [amp skip consistency]: one flag all-reduce wherever torch checks for inf/nan -------------------
+    def _agree(self, found: dict) -> None:
+        """Make every rank's found-inf flags the MAX over ranks: one collective, no host sync."""
+        self._found_value = None
+        self._found_tensor = sum(t.reshape(1).to(next(iter(found.values())).device) for t in found.values()) \
+            if found else None
+        if not found or group_size(self._group) == 1:
+            return
+        from ..collective import collective_device
+
+        first = next(iter(found.values()))
+        device = collective_device(first.device, self._group)  # by the flag's device (Note [per-device backends])
+        flag = torch.zeros(1, device=device)
+        for t in found.values():
+            flag += t.to(device, non_blocking=True).reshape(1)
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self._group)
+        for t in found.values():
+            t.copy_(flag.to(t.device, non_blocking=True).reshape(t.shape))
+        self._found_tensor = flag
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         super().unscale_(optimizer)
-        if not self._enabled:
-            return
-        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        if group_size(self._group) > 1:
-            # exactly one collective per unscale on every rank, whatever devices hold the gradients
-            backend = tdist.get_backend(self._group)
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-            flag = torch.zeros(1, device=device)
-            for t in found.values():
-                flag += t.to(device)
-            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self._group)
-            for t in found.values():
-                t.copy_(flag.to(t.device).reshape(t.shape))
-        self.last_found_inf = bool(sum(float(t.item()) for t in found.values()) > 0)
+        if self._enabled:
+            self._agree(self._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        # torch's path for optimizers that unscale inside their fused kernel (fused Adam/SGD): it checks for
+        # inf/nan here instead of in unscale_, so the ranks must agree here too
+        found = super()._check_inf_per_device(optimizer)
+        self._agree(found)
+        return found
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        # torch reads the (agreed) flags once here: the step's one host sync; kept for last_found_inf
+        self._found_value = bool(sum(v.item() for v in optimizer_state["found_inf_per_device"].values()))
+        return None if self._found_value else optimizer.step(*args, **kwargs)
+
+    @property
+    def last_found_inf(self) -> bool:
+        """Whether the last step found inf/nan (and was skipped) on any rank; reads the device only when torch
+        did not already (fused optimizers)."""
+        if self._found_value is None and self._found_tensor is not None:
+            self._found_value = bool(self._found_tensor.item())
+        return bool(self._found_value)
+
+    @last_found_inf.setter
+    def last_found_inf(self, value: bool) -> None:
+        self._found_value, self._found_tensor = bool(value), None
+
+    def _counters(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._incr_t is None or self._incr_t.device != device:
+            self._incr_t = torch.tensor(self._incr_count, dtype=torch.int32, device=device)
+            self._decr_t = torch.tensor(self._decr_count, dtype=torch.int32, device=device)
+        return self._incr_t, self._decr_t
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Paddle's ``update_loss_scaling`` on the device: no host sync (the scale and counters stay tensors)."""
         if not self._enabled:
             return
         if new_scale is not None:
@@ -95,27 +137,28 @@ class DistGradScaler(torch.amp.GradScaler):
         if not found:
             super().update()  # raises torch's "No inf checks were recorded prior to update."
             return
-        inf = any(float(t.item()) > 0 for t in found)
-        scale = self.get_scale()
+        scale, _ = self._check_scale_growth_tracker("update")
+        inf = sum(t.to(scale.device, non_blocking=True) for t in found) > 0
         if self._dynamic:
-            if inf:
-                self._incr_count = 0
-                self._decr_count += 1
-                if self._decr_count >= self._decr_every:
-                    scale = max(scale * self._backoff_factor, 1.0)
-                    self._decr_count = 0
-            else:
-                self._decr_count = 0
-                self._incr_count += 1
-                if self._incr_count >= self._growth_interval:
-                    grown = scale * self._growth_factor
-                    scale = grown if grown < float("inf") else scale
-                    self._incr_count = 0
-        super().update(float(scale))
+            incr, decr = self._counters(scale.device)
+            decr.copy_(torch.where(inf, decr + 1, torch.zeros_like(decr)))
+            incr.copy_(torch.where(inf, torch.zeros_like(incr), incr + 1))
+            back_off = inf & (decr >= self._decr_every)
+            grow = ~inf & (incr >= self._growth_interval)
+            grown = scale * self._growth_factor
+            new = torch.where(back_off, torch.clamp(scale * self._backoff_factor, min=1.0),
+                              torch.where(grow & torch.isfinite(grown), grown, scale))
+            decr.masked_fill_(back_off, 0)
+            incr.masked_fill_(grow, 0)
+            scale.copy_(new)
+        self._found_tensor = inf
+        self._per_optimizer_states.clear()  # what torch's update() resets, without its scale arithmetic
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         if self._enabled:
+            if self._incr_t is not None:
+                self._incr_count, self._decr_count = int(self._incr_t.item()), int(self._decr_t.item())
             state.update(incr_count=self._incr_count, decr_count=self._decr_count)
         return state
 
@@ -123,6 +166,7 @@ class DistGradScaler(torch.amp.GradScaler):
         state = dict(state_dict)
         self._incr_count = int(state.pop("incr_count", 0))
         self._decr_count = int(state.pop("decr_count", 0))
+        self._incr_t = self._decr_t = None
         super().load_state_dict(state)
 
 
@@ -145,7 +189,8 @@ class AmpHelper:
     """
 
     def __init__(self, enabled: bool = False, dtype: str | torch.dtype = "float16",
-                 device: str | torch.device = "cpu", scaler: DistGradScaler | None = None) -> None:
+                 device: str | torch.device | torch.nn.Module | None = None,
+                 scaler: DistGradScaler | None = None) -> None:
         if isinstance(dtype, str):
             if dtype not in DTYPES:
                 raise ValueError(f"amp dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
@@ -154,7 +199,7 @@ class AmpHelper:
             raise ValueError(f"amp dtype {dtype} is not supported; use torch.float16 or torch.bfloat16")
         self.enabled = bool(enabled)
         self.dtype = dtype
-        self.device_type = torch.device(device).type
+        self.device_type = _device_of(device).type
         if scaler is None:
             use_scaler = self.enabled and dtype == torch.float16
             scaler = DistGradScaler(self.device_type, enabled=use_scaler)
@@ -162,16 +207,14 @@ class AmpHelper:
         self._scaled = False
 
     @classmethod
-    def from_strategy(cls, strategy=None, device: str | torch.device | None = None, group=None) -> AmpHelper:
+    def from_strategy(cls, strategy=None, device: str | torch.device | torch.nn.Module | None = None,
+                      group=None) -> AmpHelper:
         """Map ``strategy.amp``/``amp_configs`` to autocast and a :class:`DistGradScaler` on ``device``
-        (default: this rank's device)."""
+        (a device, or a model whose parameters' device is used; default: this rank's device)."""
         from .strategy import DistributedStrategy
 
         strategy = strategy if strategy is not None else DistributedStrategy()
-        if device is None:
-            from ..env import ParallelEnv
-
-            device = ParallelEnv().device
+        device = _device_of(device)
         cfg = strategy.amp_configs
         enabled = bool(strategy.amp)
         use_scaler = enabled and cfg["dtype"] == "float16"
@@ -227,11 +270,10 @@ class AmpHelper:
         if state["stage"] is OptState.READY:
             self.scaler.unscale_(optimizer)
         _divide_grads(optimizer, grad_divisor)
-        skipped = self.scaler.last_found_inf
         self.scaler.step(optimizer)
         self.scaler.update()
         self._scaled = False
-        return not skipped
+        return not self.scaler.last_found_inf  # what the step already read: no second sync
 
     def _check_scaled(self) -> None:
         if self.uses_scaler and not self._scaled:
@@ -254,6 +296,18 @@ class AmpHelper:
         return f"AmpHelper(enabled={self.enabled}, dtype={dtype}, device_type={self.device_type}{scale})"
 
 
+def _device_of(device: str | torch.device | torch.nn.Module | None) -> torch.device:
+    """A device; a model's is where its parameters are; None is this rank's (``ParallelEnv().device``)."""
+    if isinstance(device, torch.nn.Module):
+        param = next(iter(device.parameters()), None)
+        device = None if param is None else param.device
+    if device is None:
+        from ..env import ParallelEnv
+
+        return ParallelEnv().device
+    return torch.device(device)
+
+
 def _divide_grads(optimizer: torch.optim.Optimizer, divisor: float) -> None:
     if divisor == 1:
         return
@@ -264,7 +318,8 @@ def _divide_grads(optimizer: torch.optim.Optimizer, divisor: float) -> None:
                     p.grad.div_(divisor)
 
 
-def from_strategy(strategy=None, device: str | torch.device | None = None, group=None) -> AmpHelper:
+def from_strategy(strategy=None, device: str | torch.device | torch.nn.Module | None = None,
+                  group=None) -> AmpHelper:
     """:meth:`AmpHelper.from_strategy`; with ``strategy=None`` the one kept by ``fleet.init`` is used."""
     if strategy is None:
         from . import fleet as _fleet

@@ -177,7 +177,10 @@ class Fp16AllreduceConfigs:
 
 @dataclass
 class ShardingConfigs:
-    stage: int = 1
+    stage: int = 1  # 1: optimizer state (ZeroRedundancyOptimizer); 2: + gradients; 3: + parameters (FSDP2)
+    sharding_degree: int = -1  # ranks per sharding group: -1 all, fewer = hybrid (shard in a node, replicate across)
+    offload: bool = False  # stages 2/3: shards in CPU memory (FSDP2 CPUOffloadPolicy)
+    wrap: list[str] = field(default_factory=list)  # module class names made FSDP units (empty: automatic)
 
 
 @dataclass

@@ -83,7 +83,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
-        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_enabled else optimizer
+        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else optimizer
+        self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
 
     @staticmethod
     def _shard(optimizer: torch.optim.Optimizer, group) -> torch.optim.Optimizer:
@@ -134,6 +135,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not hasattr(model, "require_backward_grad_sync"):
             raise TypeError(f"{type(model).__name__} has no require_backward_grad_sync attribute; attach the "
                             "model returned by fleet.distributed_model")
+        if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
+            from ..sharding.rebuild import rebuild_optimizer
+
+            if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
+                self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
+            self._sharded_model = model
         self._models.add(model)
         model.require_backward_grad_sync = self._micro + 1 >= self._k
 
@@ -228,14 +235,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state in torch's format (plus the amp scaler under ``'fleet_amp'``).
 
-        With sharding stage 1 this is collective (every rank must call it) and
+        With sharding (stage 1: ZeroRedundancyOptimizer's consolidation; 2/3:
+        ``get_optimizer_state_dict`` with ``full_state_dict``, turned back into
+        torch's index-keyed format) this is collective (every rank must call it) and
         the full state is gathered on rank 0 only (Note [stage 1 consolidation]):
         the other ranks get ``{"fleet_state_on_rank0": True, "param_groups": ...}``
         without the state. :meth:`load_state_dict` accepts that on those ranks
         when rank 0 passes the full state.
         """
         inner = self.inner_opt
-        if hasattr(inner, "consolidate_state_dict"):
+        if self._sharded_model is not None:
+            from ..sharding.optim_state import full_optimizer_state
+
+            state = full_optimizer_state(self._sharded_model, inner)
+            if state is None:
+                state = {_ON_RANK0: True, "param_groups": []}
+        elif hasattr(inner, "consolidate_state_dict"):
             inner.consolidate_state_dict(to=0)
             if tdist.get_rank(inner.process_group) == 0:
                 state = inner.state_dict()
@@ -254,12 +269,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         state = dict(state_dict)
         amp_state = state.pop(_AMP_KEY, None)
         inner = self.inner_opt
-        if hasattr(inner, "consolidate_state_dict"):  # every rank needs the full state to re-partition it
+        if self._sharded_model is not None:
+            from ..sharding.optim_state import load_full_optimizer_state
+
+            load_full_optimizer_state(self._sharded_model, inner, self._full_state_from_rank0(state, None))
+            state = None
+        elif hasattr(inner, "consolidate_state_dict"):  # every rank needs the full state to re-partition it
             state = self._full_state_from_rank0(state, inner.process_group)
         elif state.get(_ON_RANK0):
-            raise ValueError("this optimizer state was saved by a non-zero rank of a sharded (stage 1) run and "
+            raise ValueError("this optimizer state was saved by a non-zero rank of a sharded run and "
                              "holds no state; load the one rank 0 saved")
-        inner.load_state_dict(state)
+        if state is not None:
+            inner.load_state_dict(state)
         if amp_state is not None:
             self.amp.load_state_dict(amp_state)
         self._micro = 0
@@ -290,8 +311,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         extras = []
         if self._k > 1:
             extras.append(f"k_steps={self._k}, avg={self._avg}")
-        if self.inner_opt is not self.user_opt:
-            extras.append("sharding=stage1")
+        if self.strategy.sharding_stage:
+            extras.append(f"sharding=stage{self.strategy.sharding_stage}")
         if self.amp.enabled:
             extras.append(repr(self.amp))
         tail = (", " + ", ".join(extras)) if extras else ""

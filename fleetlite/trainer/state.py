@@ -62,12 +62,13 @@ def build_state(trainer) -> dict[str, Any] | None:
 
     ranks = collective.all_gather_object(_rank_state(trainer))
     optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else None  # collective if sharded
+    model = model_state(trainer)  # collective if sharded
     if collective.get_rank() != 0:
         return None
     data = trainer._data_position()
     amp = getattr(trainer.optimizer, "amp", None)
     state = {
-        "model": trainer.network.state_dict(),
+        "model": model,
         "optimizer": optimizer,
         "scaler": amp.state_dict() if amp is not None and amp.uses_scaler else None,
         "data": data,
@@ -83,6 +84,21 @@ def build_state(trainer) -> dict[str, Any] | None:
         "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version()},
     }
     return state
+
+
+def model_state(trainer, rank0_only: bool = True) -> dict[str, Any]:
+    """The model's full unprefixed state; collective for a sharded (stage 2/3) model (then gathered on rank 0
+    only unless ``rank0_only=False``)."""
+    net = trainer.parallel_network
+    if hasattr(net, "full_state_dict"):
+        return net.full_state_dict(rank0_only=rank0_only)
+    return trainer.network.state_dict()
+
+
+def load_model_state(trainer, weights: dict[str, Any], strict: bool = True) -> None:
+    """Load a full state into the model (into the shards of a sharded model; every rank holds ``weights``)."""
+    net = trainer.parallel_network
+    (net if hasattr(net, "full_state_dict") else trainer.network).load_state_dict(weights, strict=strict)
 
 
 def _version() -> str:
@@ -123,8 +139,9 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
         if trainer.parallel_network is None:
             trainer._prepare(training=False)
         return write_state(trainer, path)
+    weights = model_state(trainer)
     if collective.get_rank() == 0:
-        save_checkpoint({"model": trainer.network.state_dict(), "config": trainer.config}, path)
+        save_checkpoint({"model": weights, "config": trainer.config}, path)
     return path
 
 
@@ -234,8 +251,8 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     try:
-        t.network.load_state_dict(s["model"], strict=True)
-    except RuntimeError as e:
+        load_model_state(t, s["model"])
+    except (RuntimeError, KeyError, ValueError) as e:
         raise CheckpointError(path, f"incompatible with this model: {e}") from None
     try:
         if s.get("optimizer") is not None:
@@ -267,7 +284,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
         if not isinstance(weights, dict):
             raise
-    own = t.network.state_dict()
+    own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
         if bad:
@@ -276,7 +293,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         own.update({k: v for k, v in weights.items() if k not in bad})
         weights = own
     try:
-        t.network.load_state_dict(weights, strict=True)
+        load_model_state(t, weights)
     except RuntimeError as e:
         raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
                                     f"matches): {e}") from None

@@ -9,6 +9,7 @@ from torch import nn
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet import fleet as fleet_impl
+from fleetlite.trainer import callbacks as C
 
 
 class MLP(nn.Module):
@@ -80,3 +81,28 @@ def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, c
         ref_opt.step()
         ref_opt.zero_grad()
     return model, ref, opt, ref_opt, norms
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """(features, label, index): a custom train_step can record which samples it saw."""
+
+    def __init__(self, n, seed=1):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0.5).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i], i
+
+
+class StopAt(C.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, step, logs=None):
+        if self.trainer.global_step == self.step and self.trainer.at_step_boundary:
+            self.trainer.stop_training = True

@@ -56,13 +56,16 @@ def _rank_state(trainer) -> dict[str, Any]:
                             "metrics": [m.state_dict() for m in trainer.metrics]}}
 
 
-def build_state(trainer) -> dict[str, Any] | None:
-    """The whole training state; collective (every rank calls it), the dict is returned on rank 0 only."""
+def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[str, Any] | None:
+    """The whole training state; collective (every rank calls it), the dict is returned on rank 0 only.
+
+    ``weights``/``optimizer`` False leave ``model``/``optimizer`` None (a sharded checkpoint holds them).
+    """
     from ..distributed import collective
 
     ranks = collective.all_gather_object(_rank_state(trainer))
-    optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else None  # collective if sharded
-    model = model_state(trainer)  # collective if sharded
+    optimizer = trainer.optimizer.state_dict() if optimizer and trainer.optimizer is not None else None  # collective
+    model = model_state(trainer) if weights else None  # collective if sharded
     if collective.get_rank() != 0:
         return None
     data = trainer._data_position()
@@ -177,14 +180,19 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         if directory is None:
             raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
                              "ModelCheckpoint(save_dir=...)")
-        found = find_latest_checkpoint(directory, require=REQUIRED)
+        found = _newest(find_latest_checkpoint(directory, require=REQUIRED), directory)
         if found is None and resume != "auto":
             raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
                                              "resume='auto' to start fresh when there is none")
         return found
     p = Path(resume)
     if p.is_dir():
-        found = find_latest_checkpoint(p, require=REQUIRED)
+        from .. import checkpoint as dcp_ckpt
+
+        if dcp_ckpt.is_checkpoint_dir(p):
+            dcp_ckpt.validate(p)
+            return p
+        found = _newest(find_latest_checkpoint(p, require=REQUIRED), p)
         if found is None:
             raise CheckpointError(p, "holds no valid checkpoint to resume from")
         return found
@@ -192,13 +200,29 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
     return p
 
 
+def _newest(file: Path | None, directory: str | Path) -> Path | None:
+    """The newer of the newest valid checkpoint file and the newest valid sharded checkpoint directory."""
+    from .. import checkpoint as dcp_ckpt
+
+    folder = dcp_ckpt.find_latest(directory)
+    if folder is None or file is None:
+        return folder or file
+    return folder if (folder / dcp_ckpt.MARKER).stat().st_mtime_ns > file.stat().st_mtime_ns else file
+
+
 def read_resume(path: Path) -> dict[str, Any]:
-    """Load a resume checkpoint on every rank; all ranks fail together with the same message."""
+    """Load a resume checkpoint (a file, or a sharded checkpoint's trainer.pt) on every rank; all ranks fail
+    together with the same message."""
     from ..distributed import collective
 
     state, error = None, None
     try:
-        state = load_checkpoint(path, require=REQUIRED)
+        if path.is_dir():
+            from .dcp_state import read_dcp_state
+
+            state = read_dcp_state(path, REQUIRED)
+        else:
+            state = load_checkpoint(path, require=REQUIRED)
     except CheckpointError as e:
         error = str(e)
     if collective.is_initialized():
@@ -250,12 +274,17 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
         raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
+    if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
+        from .dcp_state import load_dcp_weights
+
+        load_dcp_weights(t, path, s)
+    else:
+        try:
+            load_model_state(t, s["model"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(path, f"incompatible with this model: {e}") from None
     try:
-        load_model_state(t, s["model"])
-    except (RuntimeError, KeyError, ValueError) as e:
-        raise CheckpointError(path, f"incompatible with this model: {e}") from None
-    try:
-        if s.get("optimizer") is not None:
+        if s.get("optimizer") is not None and not path.is_dir():
             t.optimizer.load_state_dict(s["optimizer"])
         amp = getattr(t.optimizer, "amp", None)
         if s.get("scaler") and amp is not None:

@@ -44,7 +44,7 @@ def _same_world(rank, world, root, async_save):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("async_save", [False])
+@pytest.mark.parametrize("async_save", [False, True])
 def test_stage3_resume_is_bit_identical_at_the_same_world_and_stage(tmp_path, async_save):
     for same, steps in run_ranks(_same_world, args=(str(tmp_path), async_save), timeout=190):
         assert same and steps == 10
@@ -66,3 +66,48 @@ def test_stage3_checkpoint_of_two_ranks_resumes_on_one_process_seeing_each_sampl
     assert sorted(before + after[:24]) == list(range(40))
     assert sorted(after[24:]) == list(range(40)) and steps == 2 + 6 + 10
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def _net():
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+@pytest.mark.timeout(200)
+def test_sharded_checkpoint_loads_offline_and_torn_directories_are_never_resumed(tmp_path, clean_dist_env):
+    import os
+    import shutil
+
+    import fleetlite.checkpoint as ckpt
+    from fleetlite.trainer.checkpoint import CheckpointError
+
+    root = tmp_path / "ck"
+    finals = run_ranks(_part_weights, args=(str(root),), timeout=150)
+    latest = ckpt.find_latest(root)
+    assert latest is not None and latest.name == "step-00000004" and (latest / ".metadata").is_file()
+    plain = _net()
+    offline = ckpt.load_full(root, model=plain)  # no process group: full weights into a plain module
+    assert all(torch.equal(offline[k], finals[0][k]) for k in finals[0])
+    with pytest.raises(CheckpointError, match="does not fit Linear"):
+        ckpt.load_full(latest, model=nn.Linear(2, 2))
+    # a newer directory that lost a rank's shard, pointed at by `latest`, and a save that died mid-way
+    torn = root / "step-00000005"
+    shutil.copytree(latest, torn)
+    shard = sorted(torn.glob("*.distcp"))[-1]
+    shard.unlink()
+    (root / "latest").write_text(torn.name)
+    shutil.copytree(latest, root / ".step-00000006.tmp-0123abcd")
+    with pytest.raises(CheckpointError, match=rf"missing shard file\(s\) \['{shard.name}'\]"):
+        ckpt.validate(torn)
+    with pytest.warns(UserWarning, match="skipped invalid sharded checkpoint"):
+        assert ckpt.find_latest(root) == latest
+    with pytest.warns(UserWarning):
+        seen, steps, _ = _fit(str(root), resume="auto", epochs=1)
+    assert steps == 6 and len(seen) == 8  # resumed from step 4: 4 steps x 2 ranks x 4 samples done, 8 left
+    assert not any(p.name.startswith(".step") for p in root.iterdir())  # the dead save's directory was removed
+    assert os.path.isdir(root / "step-00000004")
+
+
+def _part_weights(rank, world, ckpt):
+    torch.set_num_threads(1)
+    _, _, weights = _fit(ckpt, stop=4)
+    return weights

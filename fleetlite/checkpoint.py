@@ -43,7 +43,7 @@ import torch
 from .trainer.checkpoint import CheckpointError
 from .utils.atomic import atomic_write_text, fsync_dir
 
-__all__ = ["MARKER", "LATEST", "PendingSave", "save", "load", "load_full", "validate", "find_latest",
+__all__ = ["MARKER", "LATEST", "PendingSave", "save", "load", "load_full", "validate", "find_latest", "find_newest",
            "list_checkpoints", "remove_stale", "is_checkpoint_dir"]
 
 MARKER = "fleetlite.json"
@@ -245,6 +245,19 @@ def find_latest(root: str | os.PathLike, warn: bool = True) -> Path | None:
                           f"falling back to {p.name}", stacklevel=2)
         return p
     return None
+
+
+def find_newest(root: str | os.PathLike, require: tuple[str, ...] = ()) -> Path | None:
+    """The newest valid checkpoint of either kind in ``root``: a ``.pt`` file or a sharded directory."""
+    from .trainer.checkpoint import find_latest_checkpoint
+
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    file, folder = find_latest_checkpoint(root, require=require), find_latest(root)
+    if folder is None or file is None:
+        return folder or file
+    return folder if (folder / MARKER).stat().st_mtime_ns > file.stat().st_mtime_ns else file
 
 
 def remove_stale(root: str | os.PathLike) -> list[Path]:

@@ -236,6 +236,7 @@ class TrainerConfig:
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)
     save_steps: int | None = None       # also every N optimizer steps: a crash loses at most N steps
     keep_last: int | None = None        # keep only the newest N periodic checkpoints (latest.pt always stays)
+    async_save: bool = False            # write checkpoints in the background (sharded DCP directories)
     label_smoothing: float = 0.0
     plot: bool = True                   # training_curves.png at the end (needs matplotlib)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)

@@ -37,7 +37,6 @@ import torch
 from .checkpoint import (
     CheckpointError,
     capture_rng_state,
-    find_latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -180,7 +179,7 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         if directory is None:
             raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
                              "ModelCheckpoint(save_dir=...)")
-        found = _newest(find_latest_checkpoint(directory, require=REQUIRED), directory)
+        found = _newest(directory)
         if found is None and resume != "auto":
             raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
                                              "resume='auto' to start fresh when there is none")
@@ -192,7 +191,7 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         if dcp_ckpt.is_checkpoint_dir(p):
             dcp_ckpt.validate(p)
             return p
-        found = _newest(find_latest_checkpoint(p, require=REQUIRED), p)
+        found = _newest(p)
         if found is None:
             raise CheckpointError(p, "holds no valid checkpoint to resume from")
         return found
@@ -200,14 +199,11 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
     return p
 
 
-def _newest(file: Path | None, directory: str | Path) -> Path | None:
-    """The newer of the newest valid checkpoint file and the newest valid sharded checkpoint directory."""
-    from .. import checkpoint as dcp_ckpt
+def _newest(directory: str | Path) -> Path | None:
+    """The newest valid checkpoint file or sharded checkpoint directory in ``directory``."""
+    from ..checkpoint import find_newest
 
-    folder = dcp_ckpt.find_latest(directory)
-    if folder is None or file is None:
-        return folder or file
-    return folder if (folder / dcp_ckpt.MARKER).stat().st_mtime_ns > file.stat().st_mtime_ns else file
+    return find_newest(directory, require=REQUIRED)
 
 
 def read_resume(path: Path) -> dict[str, Any]:

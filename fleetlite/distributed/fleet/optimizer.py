@@ -100,13 +100,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "set_state_dict)")
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        from ..sharding.rebuild import constructor_kwargs
+        from ..sharding.rebuild import constructor_kwargs, report_steps_to
 
         # The groups are handed over as the same dicts, so a scheduler built on the original optimizer still
         # drives the learning rate (ZeroRedundancyOptimizer copies group settings to its shard at each step).
         # Only the constructor's own arguments are passed back (AdamW's defaults hold one it does not take).
-        return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
+        zero = ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
                                        process_group=group, **constructor_kwargs(optimizer))
+        report_steps_to(optimizer, zero)
+        return zero
 
     # --- torch's optimizer hooks: they belong to the optimizer that really steps ----------------------------
     def register_step_pre_hook(self, hook):

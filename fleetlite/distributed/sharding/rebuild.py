@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["constructor_kwargs", "rebuild_optimizer"]
+__all__ = ["constructor_kwargs", "rebuild_optimizer", "report_steps_to"]
+
+
+def report_steps_to(original: torch.optim.Optimizer, replacement: torch.optim.Optimizer) -> None:
+    """Mark ``original`` as stepped whenever ``replacement`` steps, so an LR scheduler built on the original
+    (whose parameter groups the replacement shares) does not warn that the optimizer never stepped."""
+    replacement.register_step_post_hook(lambda *_: setattr(original, "_opt_called", True))
 
 
 def constructor_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -47,4 +53,6 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer,
     groups = optimizer.param_groups
     for group in groups:
         group["params"] = [new_param(p) for p in group["params"]]
-    return type(optimizer)(groups, **constructor_kwargs(optimizer))
+    new = type(optimizer)(groups, **constructor_kwargs(optimizer))
+    report_steps_to(optimizer, new)
+    return new

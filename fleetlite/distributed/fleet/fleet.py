@@ -307,12 +307,13 @@ def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:
         return scaler
     if not isinstance(scaler, torch.amp.GradScaler):
         raise TypeError(f"distributed_scaler needs a torch.amp.GradScaler, got {type(scaler).__name__}")
-    out = DistGradScaler(scaler._device, init_scale=scaler.get_scale() if scaler.is_enabled() else 65536.0,
+    if not scaler.is_enabled():  # a disabled scaler keeps none of its settings (torch drops them)
+        return DistGradScaler(scaler._device, enabled=False, decr_every_n_nan_or_inf=1)
+    out = DistGradScaler(scaler._device, init_scale=scaler.get_scale(),
                          growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
-                         growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled(),
+                         growth_interval=scaler.get_growth_interval(), enabled=True,
                          decr_every_n_nan_or_inf=1)
-    if scaler.is_enabled():
-        out.load_state_dict(scaler.state_dict())
+    out.load_state_dict(scaler.state_dict())
     return out
 
 

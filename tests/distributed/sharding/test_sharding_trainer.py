@@ -35,19 +35,53 @@ def _fit(ckpt, stop=None, resume=None, strategy=STAGE3, epochs=2, async_save=Fal
     return t.seen, t.global_step, model_state(t, rank0_only=False)
 
 
-def _same_world(rank, world, root, async_save):
+def _same_world(rank, world, root, strategy, async_save):
     torch.set_num_threads(1)
-    _, _, straight = _fit(f"{root}/straight", async_save=async_save)
-    _fit(f"{root}/b", stop=3, async_save=async_save)
-    _, steps, resumed = _fit(f"{root}/b", resume="latest", async_save=async_save)
-    return all(torch.equal(straight[k], resumed[k]) for k in straight), steps
+    _, _, straight = _fit(f"{root}/straight", strategy=strategy, async_save=async_save)
+    _fit(f"{root}/b", stop=3, strategy=strategy, async_save=async_save)
+    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=strategy, async_save=async_save)
+    import fleetlite.checkpoint as ckpt
+
+    return all(torch.equal(straight[k], resumed[k]) for k in straight), steps, ckpt.find_latest(f"{root}/b").name
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("async_save", [False, True])
-def test_stage3_resume_is_bit_identical_at_the_same_world_and_stage(tmp_path, async_save):
-    for same, steps in run_ranks(_same_world, args=(str(tmp_path), async_save), timeout=190):
-        assert same and steps == 10
+@pytest.mark.parametrize("strategy, async_save", [(STAGE3, False), (STAGE3, True), (None, True)],
+                         ids=["stage3", "stage3-async", "dp-async"])
+def test_resume_is_bit_identical_at_the_same_world_and_stage(tmp_path, strategy, async_save):
+    for same, steps, latest in run_ranks(_same_world, args=(str(tmp_path), strategy, async_save), timeout=190):
+        assert same and steps == 10 and latest == "step-00000010"  # sharded (DCP) checkpoint directories
+
+
+def _preempted(rank, world, root):
+    import os
+    import signal
+
+    torch.set_num_threads(1)
+
+    class Kill(C.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            if self.trainer.global_step == 3 and rank == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    t = Recording(net, torch.optim.AdamW(net.parameters(), lr=0.02), nn.CrossEntropyLoss(), strategy=STAGE3,
+                  device="cpu")
+    cbs = [C.ModelCheckpoint(root, save_freq=None, save_steps=1, async_save=True),
+           C.Preemption(check_interval_s=0, verbose=0), Kill()]
+    t.fit(IndexedDataset(40), epochs=5, batch_size=4, callbacks=cbs, verbose=0)
+    import fleetlite.checkpoint as ckpt
+
+    latest = ckpt.find_latest(root)  # right after fit returns: where a job exits 143
+    return t.preempted, t.global_step, latest.name, ckpt.validate(latest)["global_step"]
+
+
+@pytest.mark.timeout(120)
+def test_async_save_under_preemption_is_committed_when_fit_returns(tmp_path):
+    for preempted, step, latest, saved_step in run_ranks(_preempted, args=(str(tmp_path / "ck"),), timeout=110):
+        assert preempted is not None
+        assert latest == f"step-{step:08d}" and saved_step == step
 
 
 def _part(rank, world, ckpt):

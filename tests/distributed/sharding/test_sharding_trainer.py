@@ -145,3 +145,22 @@ def _part_weights(rank, world, ckpt):
     torch.set_num_threads(1)
     _, _, weights = _fit(ckpt, stop=4)
     return weights
+
+
+def _evaluate(rank, world, strategy):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    t = fleetlite.Trainer(_net(), torch.optim.AdamW(_net().parameters(), lr=0.02), nn.CrossEntropyLoss(),
+                          metrics=fleetlite.metric.Accuracy(), strategy=strategy, device="cpu")
+    data = torch.utils.data.TensorDataset(IndexedDataset(9).x, IndexedDataset(9).y)  # 9: a rank gets a padded batch
+    logs = t.evaluate(data, batch_size=4, verbose=0)
+    preds = t.predict(data, batch_size=4, stack_outputs=True)
+    return logs, preds
+
+
+@pytest.mark.timeout(120)
+def test_exact_evaluation_and_predict_under_stage3_match_one_process(clean_dist_env):
+    ref_logs, ref_preds = _evaluate(0, 1, None)
+    for logs, preds in run_ranks(_evaluate, args=(STAGE3,), timeout=100):
+        assert logs["acc"] == ref_logs["acc"] and logs["loss"] == pytest.approx(ref_logs["loss"], rel=1e-6)
+        assert torch.allclose(preds, ref_preds, atol=1e-6) and len(preds) == 9

@@ -21,6 +21,7 @@ across groups (FSDP2's HSDP).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -132,7 +133,7 @@ class ShardedDataParallel(nn.Module):
         self.offload = bool(offload)
         self.mesh = build_mesh(sharding_degree, device_type)
         self.sharding_degree = self.mesh.size(self.mesh.ndim - 1)
-        names = {id(p): n for n, p in layers.named_parameters()}
+        names = {id(p): (n, weakref.ref(p)) for n, p in layers.named_parameters()}
         units = _named_units(layers, wrap) if wrap else _default_units(layers)
         kwargs: dict[str, Any] = {
             "mesh": self.mesh,
@@ -147,7 +148,8 @@ class ShardedDataParallel(nn.Module):
         fully_shard(layers, **kwargs)
         self._layers = layers
         new = dict(layers.named_parameters())
-        self._replaced = {pid: new[name] for pid, name in names.items() if name in new}
+        # id -> (weak reference to the original, its shard); the weak reference guards against a reused id
+        self._replaced = {pid: (ref, new[name]) for pid, (name, ref) in names.items() if name in new}
         self._sync = True
 
     # ------------------------------------------------------------------ access
@@ -158,11 +160,12 @@ class ShardedDataParallel(nn.Module):
 
     def sharded_param(self, param: nn.Parameter) -> nn.Parameter:
         """The sharded parameter that replaced ``param`` (``param`` itself when it is already one of them)."""
-        return self._replaced.get(id(param), param)
+        return self._replaced[id(param)][1] if self.replaces(param) else param
 
     def replaces(self, param: nn.Parameter) -> bool:
         """True when ``param`` is an original parameter that sharding replaced."""
-        return id(param) in self._replaced and self._replaced[id(param)] is not param
+        entry = self._replaced.get(id(param))
+        return entry is not None and entry[0]() is param and entry[1] is not param
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self._layers(*inputs, **kwargs)

@@ -164,3 +164,18 @@ def test_exact_evaluation_and_predict_under_stage3_match_one_process(clean_dist_
     for logs, preds in run_ranks(_evaluate, args=(STAGE3,), timeout=100):
         assert logs["acc"] == ref_logs["acc"] and logs["loss"] == pytest.approx(ref_logs["loss"], rel=1e-6)
         assert torch.allclose(preds, ref_preds, atol=1e-6) and len(preds) == 9
+
+
+def _other_stage(rank, world, root):
+    torch.set_num_threads(1)
+    _, _, straight = _fit(f"{root}/straight")
+    _fit(f"{root}/b", stop=3)  # stage 3
+    stage2 = {"sharding": True, "sharding_configs": {"stage": 2}}
+    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=stage2)
+    return max((straight[k] - resumed[k]).abs().max().item() for k in straight), steps
+
+
+@pytest.mark.timeout(200)
+def test_stage3_checkpoint_resumes_at_stage2(tmp_path):
+    for diff, steps in run_ranks(_other_stage, args=(str(tmp_path),), timeout=190):
+        assert steps == 10 and diff <= 1e-6  # DCP reshards the optimizer state to the other layout

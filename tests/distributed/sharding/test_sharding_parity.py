@@ -125,3 +125,42 @@ def test_full_optimizer_state_roundtrips_with_a_plain_optimizer():
     results = run_ranks(_optimizer_state)
     assert results[0][0] <= 1e-6
     assert all(after <= 1e-6 for _, after in results)
+
+
+def _fp16(rank, world):
+    fleet_impl._reset()
+    fleet.init(is_collective=True, strategy=sharded(3, amp=True, amp_configs={
+        "dtype": "float16", "init_loss_scaling": 1024.0, "decr_every_n_nan_or_inf": 1}))
+    torch.manual_seed(0)
+    net = MLP()
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    model = fleet.distributed_model(net)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    for step in range(6):
+        x, y = batch(step, rank)
+        opt.minimize(F.cross_entropy(model(x), y))
+        opt.clear_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = ref(x)
+        scaler.scale(F.cross_entropy(out.float(), y)).backward()
+        scaler.step(ref_opt)
+        scaler.update()
+        ref_opt.zero_grad()
+    diff = max_diff(model.state_dict(), ref.module.state_dict())
+    before = model.state_dict()
+    x, y = batch(50, rank)
+    opt.backward(F.cross_entropy(model(x), y))
+    if rank == 1:  # an inf in one rank's gradient shard only: every rank skips the step and backs the scale off
+        next(model.parameters()).grad.to_local().view(-1)[0] = float("inf")
+    opt.step()
+    opt.clear_grad()
+    return diff, opt.stepped, max_diff(model.state_dict(), before), opt.amp.state_dict()["scaler"]["scale"]
+
+
+@pytest.mark.timeout(120)
+def test_fp16_amp_with_loss_scaling_matches_ddp_and_skips_inf_steps_on_every_rank():
+    for diff, stepped, change, scale in run_ranks(_fp16):
+        assert diff <= 1e-3  # float16 compute on both sides
+        assert not stepped and change == 0.0 and scale == 1024.0 * 0.8

@@ -10,7 +10,10 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   ``zero_grad()`` do nothing inside an accumulation window, so the usual
   ``backward(); step(); clear_grad()`` loop works unchanged;
 * sharding stage 1: the optimizer state is partitioned across ranks with
-  ``torch.distributed.optim.ZeroRedundancyOptimizer``;
+  ``torch.distributed.optim.ZeroRedundancyOptimizer``; stages 2/3: the
+  optimizer is rebuilt over the shards of the
+  :class:`~fleetlite.distributed.sharding.ShardedDataParallel` model it is
+  attached to, and its ``state_dict`` is gathered in torch's format;
 * amp: the step goes through :class:`~fleetlite.distributed.fleet.amp.AmpHelper`
   (unscale, rank-consistent inf/nan skip, scale update).
 """

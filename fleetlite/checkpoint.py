@@ -277,12 +277,29 @@ def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     meta = validate(path)
+    if isinstance(state.get("model"), dict):
+        _check_model_keys(path, state["model"])
     try:
         dcp.load(state, checkpoint_id=str(path), process_group=_ckpt_group())
     except Exception as e:  # noqa: BLE001 - DCP wraps per-rank errors in CheckpointException
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(path, f"does not fit this model/optimizer: {text}") from None
     return meta
+
+
+def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
+    """A clear error naming missing/unexpected/reshaped weights before DCP starts (a foreign model's checkpoint)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = {k[len("model."):]: m for k, m in FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+             if k.startswith("model.")}
+    missing, unexpected = sorted(set(model_state) - set(saved)), sorted(set(saved) - set(model_state))
+    reshaped = sorted(k for k, v in model_state.items() if k in saved and torch.is_tensor(v)
+                      and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape))
+    if missing or unexpected or reshaped:
+        raise CheckpointError(path, f"was saved from another model: missing {missing[:10]}, unexpected "
+                                    f"{unexpected[:10]}, different shapes {reshaped[:10]}")
 
 
 def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"

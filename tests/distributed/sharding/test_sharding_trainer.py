@@ -179,3 +179,15 @@ def _other_stage(rank, world, root):
 def test_stage3_checkpoint_resumes_at_stage2(tmp_path):
     for diff, steps in run_ranks(_other_stage, args=(str(tmp_path),), timeout=190):
         assert steps == 10 and diff <= 1e-6  # DCP reshards the optimizer state to the other layout
+
+
+def test_foreign_model_checkpoint_is_a_clear_error(tmp_path, clean_dist_env):
+    import fleetlite.checkpoint as ckpt
+    from fleetlite.trainer.checkpoint import CheckpointError
+
+    with pytest.warns(UserWarning):  # one process: not sharded, but async_save writes a DCP directory
+        _fit(str(tmp_path), stop=1, strategy=None, async_save=True)
+    other = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
+    with pytest.raises(CheckpointError, match=r"another model: missing \[\], unexpected \['4.bias', '4.weight'\], "
+                                              r"different shapes \['2.bias', '2.weight'\]"):
+        ckpt.load({"model": other.state_dict()}, ckpt.find_latest(tmp_path))

@@ -246,7 +246,8 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
         out.append(cb.TensorBoard(str(run_dir / "tensorboard")))
     if c.checkpoint:
         out.append(cb.ModelCheckpoint(str(run_dir / CHECKPOINT_SUBDIR), save_freq=int(cfg.save_freq),
-                                      save_steps=cfg.save_steps, keep_last=cfg.keep_last))
+                                      save_steps=cfg.save_steps, keep_last=cfg.keep_last,
+                                      async_save=bool(cfg.async_save)))
     if c.preemption:  # SIGTERM: all ranks stop after the same step; ModelCheckpoint writes the last state
         out.append(cb.Preemption(save_dir=str(run_dir / CHECKPOINT_SUBDIR)))
     return out

@@ -177,7 +177,10 @@ class Fp16AllreduceConfigs:
 
 @dataclass
 class ShardingConfigs:
-    stage: int = 1
+    stage: int = 1  # 1: optimizer state (ZeroRedundancyOptimizer); 2: + gradients; 3: + parameters (FSDP2)
+    sharding_degree: int = -1  # ranks per sharding group: -1 all, fewer = hybrid (shard in a node, replicate across)
+    offload: bool = False  # stages 2/3: shards in CPU memory (FSDP2 CPUOffloadPolicy)
+    wrap: list[str] = field(default_factory=list)  # module class names made FSDP units (empty: automatic)
 
 
 @dataclass
@@ -233,6 +236,7 @@ class TrainerConfig:
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)
     save_steps: int | None = None       # also every N optimizer steps: a crash loses at most N steps
     keep_last: int | None = None        # keep only the newest N periodic checkpoints (latest.pt always stays)
+    async_save: bool = False            # write checkpoints in the background (sharded DCP directories)
     label_smoothing: float = 0.0
     plot: bool = True                   # training_curves.png at the end (needs matplotlib)
     cudnn_benchmark: bool | None = None  # cudnn autotuning (fixed input sizes); null: on for CUDA runs

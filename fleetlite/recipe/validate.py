@@ -170,10 +170,11 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
-        from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint
+        from fleetlite.checkpoint import find_newest
+        from fleetlite.trainer.checkpoint import CheckpointError
 
-        try:
-            found = find_latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+        try:  # a .pt file or a sharded (DCP) checkpoint directory
+            found = find_newest(ckpt_dir) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
             raise ConfigError(f"resume={resume}: {e}; pass resume=<path of a good checkpoint> instead") from None
         if found is None and str(resume) == "auto":
@@ -183,7 +184,9 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
                               "directory of the run to continue, or drop resume= to start afresh")
         return Path(found)
     path = Path(resume)
-    if not path.is_file():
+    from fleetlite.checkpoint import is_checkpoint_dir
+
+    if not path.is_file() and not is_checkpoint_dir(path):
         raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
                           "resume=latest with run_dir=<the earlier run>")
     return path

@@ -135,10 +135,11 @@ class Connector:
     def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
         from ..distributed import fleet
+        from ..distributed.sharding.model import ShardedDataParallel
         from ..parallel import DataParallel
 
         self.start()
-        if isinstance(network, DataParallel):
+        if isinstance(network, (DataParallel, ShardedDataParallel)):
             return network, network.module
         network.to(self.device)
         wrapped = fleet.distributed_model(network)

@@ -194,6 +194,13 @@ def run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
         return _run_evaluate(t, data, callbacks)
 
 
+def _idle_forward(t, batch: Any) -> None:
+    """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward is
+    collective (it all-gathers parameters), so every rank must run as many as the others."""
+    if hasattr(t.parallel_network, "full_state_dict"):
+        t.network(*t.split_batch(t._to_device(batch))[0])
+
+
 def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
     from ..io.evaluation import trim_batch
 
@@ -214,6 +221,7 @@ def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
                 valid = data.num_valid(i, batch)
                 if valid is not None:
                     if valid == 0:
+                        _idle_forward(t, batch)
                         continue
                     batch = trim_batch(batch, valid)
                 n = batch_length(batch)
@@ -286,9 +294,10 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
             for i, batch in enumerate(data):
                 valid = data.num_valid(i, batch)
                 if valid is not None:
-                    batch = trim_batch(batch, valid)
                     if valid == 0:
+                        _idle_forward(t, batch)
                         continue
+                    batch = trim_batch(batch, valid)
                 callbacks.on_predict_batch_begin(i)
                 outs = _as_outputs(_cpu(t.predict_step(t._to_device(batch))))
                 local.append(outs)

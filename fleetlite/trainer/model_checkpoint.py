@@ -33,6 +33,13 @@ class ModelCheckpoint(Callback):
     ``keep_last=k`` only the newest k periodic files are kept (``best.pt``
     and ``latest.pt`` stay). Resume with ``fit(..., resume="latest")``.
 
+    Sharded checkpoints (:mod:`fleetlite.checkpoint`, torch DCP) are
+    directories (``step-00000500/``, ``latest`` names the newest): used when
+    the model is sharded (stage 2/3), with ``async_save=True`` (any strategy:
+    the state is staged and written in the background while training goes on,
+    at most one save in flight, the last one waited for at the end of
+    training), or with ``sharded=True``.
+
     Example::
 
         ckpt = ModelCheckpoint("runs/a", save_freq=1, save_steps=200, keep_last=3, monitor="val_acc")
@@ -42,7 +49,8 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, save_dir: str | None = None, save_freq: int | None = 1, save_steps: int | None = None,
                  keep_last: int | None = None, monitor: str | None = None, mode: str = "auto",
-                 min_delta: float = 0.0, save_last: bool = True, verbose: int = 0) -> None:
+                 min_delta: float = 0.0, save_last: bool = True, verbose: int = 0, async_save: bool = False,
+                 sharded: bool | None = None) -> None:
         super().__init__()
         for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -61,6 +69,9 @@ class ModelCheckpoint(Callback):
         self.best_epoch: int | None = None
         self._last_saved_step: int | None = None
         self.directory: Path | None = None
+        self.async_save = bool(async_save)
+        self.sharded = sharded
+        self._in_flight = None  # the PendingSave of an asynchronous save
 
     # -- decisions (in the hooks) -------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -82,6 +93,9 @@ class ModelCheckpoint(Callback):
             try:
                 probe_writable(self.directory)
                 remove_stale_temporaries(self.directory)
+                from .. import checkpoint as dcp_ckpt
+
+                dcp_ckpt.remove_stale(self.directory)
             except CheckpointError as e:
                 error = str(e)
         if collective.is_initialized():
@@ -111,6 +125,23 @@ class ModelCheckpoint(Callback):
             name = f"epoch-{t.epoch:04d}.pt" if t.epoch_finished else f"step-{t.global_step:08d}.pt"
             self._request(name, best=False)
             t.run_pending_saves()
+        self.wait()
+
+    def wait(self) -> None:
+        """Finish the asynchronous save in flight, if any (collective); then apply ``keep_last``."""
+        self._finish()
+        if self.directory is not None and self._dcp():
+            self._prune(0)
+
+    def _finish(self) -> None:
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            pending.wait()
+
+    def _dcp(self) -> bool:
+        if self.sharded is not None:
+            return bool(self.sharded)
+        return self.async_save or hasattr(self.trainer.parallel_network, "full_state_dict")
 
     def _request(self, name: str, best: bool, periodic: bool = True) -> None:
         if periodic and name not in self.saved:
@@ -122,6 +153,8 @@ class ModelCheckpoint(Callback):
     def _write(self, name: str, best: bool, periodic: bool) -> None:
         from .checkpoint import atomic_alias
 
+        if self._dcp():
+            return self._write_dcp(name, best, periodic)
         path = self.directory / name
         self.trainer.save_checkpoint(path, latest=True)
         rank0 = is_rank_zero()
@@ -134,6 +167,39 @@ class ModelCheckpoint(Callback):
                 old = self.directory / self.saved.pop(0)
                 if rank0:
                     old.unlink(missing_ok=True)
+
+    def _write_dcp(self, name: str, best: bool, periodic: bool) -> None:
+        from ..utils.atomic import atomic_write_text
+        from .dcp_state import save_dcp
+
+        self._finish()  # at most one save in flight; it commits before the next starts
+        # the new name is already listed: an async save keeps one more until it has committed
+        self._prune(1 if self.async_save and periodic else 0)
+        folder = name[:-3] if name.endswith(".pt") else name
+        rank0 = is_rank_zero()
+        pending = save_dcp(self.trainer, self.directory / folder, latest=True, async_save=self.async_save)
+        self._in_flight = pending if self.async_save else None
+        if rank0 and best and folder != "best":
+            atomic_write_text(self.directory / "best", folder)
+        if rank0 and self.verbose:
+            print(f"saving checkpoint {self.directory / folder}" + (" (best)" if best else ""))
+        if not self.async_save:
+            self._prune(0)
+
+    def _prune(self, extra: int) -> None:
+        """Delete the oldest periodic checkpoint directories beyond ``keep_last`` (+ ``extra``), never ``best``."""
+        import shutil
+
+        if self.keep_last is None:
+            return
+        rank0 = is_rank_zero()
+        keep = self.directory / "best"
+        best_name = keep.read_text().strip() if rank0 and keep.is_file() else None
+        while len(self.saved) > self.keep_last + extra:  # every rank keeps the same list; rank 0 deletes
+            old = self.saved.pop(0)
+            old = old[:-3] if old.endswith(".pt") else old
+            if rank0 and old != best_name:
+                shutil.rmtree(self.directory / old, ignore_errors=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch}

@@ -37,7 +37,6 @@ import torch
 from .checkpoint import (
     CheckpointError,
     capture_rng_state,
-    find_latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -56,18 +55,22 @@ def _rank_state(trainer) -> dict[str, Any]:
                             "metrics": [m.state_dict() for m in trainer.metrics]}}
 
 
-def build_state(trainer) -> dict[str, Any] | None:
-    """The whole training state; collective (every rank calls it), the dict is returned on rank 0 only."""
+def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[str, Any] | None:
+    """The whole training state; collective (every rank calls it), the dict is returned on rank 0 only.
+
+    ``weights``/``optimizer`` False leave ``model``/``optimizer`` None (a sharded checkpoint holds them).
+    """
     from ..distributed import collective
 
     ranks = collective.all_gather_object(_rank_state(trainer))
-    optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else None  # collective if sharded
+    optimizer = trainer.optimizer.state_dict() if optimizer and trainer.optimizer is not None else None  # collective
+    model = model_state(trainer) if weights else None  # collective if sharded
     if collective.get_rank() != 0:
         return None
     data = trainer._data_position()
     amp = getattr(trainer.optimizer, "amp", None)
     state = {
-        "model": trainer.network.state_dict(),
+        "model": model,
         "optimizer": optimizer,
         "scaler": amp.state_dict() if amp is not None and amp.uses_scaler else None,
         "data": data,
@@ -83,6 +86,21 @@ def build_state(trainer) -> dict[str, Any] | None:
         "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version()},
     }
     return state
+
+
+def model_state(trainer, rank0_only: bool = True) -> dict[str, Any]:
+    """The model's full unprefixed state; collective for a sharded (stage 2/3) model (then gathered on rank 0
+    only unless ``rank0_only=False``)."""
+    net = trainer.parallel_network
+    if hasattr(net, "full_state_dict"):
+        return net.full_state_dict(rank0_only=rank0_only)
+    return trainer.network.state_dict()
+
+
+def load_model_state(trainer, weights: dict[str, Any], strict: bool = True) -> None:
+    """Load a full state into the model (into the shards of a sharded model; every rank holds ``weights``)."""
+    net = trainer.parallel_network
+    (net if hasattr(net, "full_state_dict") else trainer.network).load_state_dict(weights, strict=strict)
 
 
 def _version() -> str:
@@ -123,8 +141,9 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
         if trainer.parallel_network is None:
             trainer._prepare(training=False)
         return write_state(trainer, path)
+    weights = model_state(trainer)
     if collective.get_rank() == 0:
-        save_checkpoint({"model": trainer.network.state_dict(), "config": trainer.config}, path)
+        save_checkpoint({"model": weights, "config": trainer.config}, path)
     return path
 
 
@@ -160,14 +179,19 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         if directory is None:
             raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
                              "ModelCheckpoint(save_dir=...)")
-        found = find_latest_checkpoint(directory, require=REQUIRED)
+        found = _newest(directory)
         if found is None and resume != "auto":
             raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
                                              "resume='auto' to start fresh when there is none")
         return found
     p = Path(resume)
     if p.is_dir():
-        found = find_latest_checkpoint(p, require=REQUIRED)
+        from .. import checkpoint as dcp_ckpt
+
+        if dcp_ckpt.is_checkpoint_dir(p):
+            dcp_ckpt.validate(p)
+            return p
+        found = _newest(p)
         if found is None:
             raise CheckpointError(p, "holds no valid checkpoint to resume from")
         return found
@@ -175,13 +199,26 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
     return p
 
 
+def _newest(directory: str | Path) -> Path | None:
+    """The newest valid checkpoint file or sharded checkpoint directory in ``directory``."""
+    from ..checkpoint import find_newest
+
+    return find_newest(directory, require=REQUIRED)
+
+
 def read_resume(path: Path) -> dict[str, Any]:
-    """Load a resume checkpoint on every rank; all ranks fail together with the same message."""
+    """Load a resume checkpoint (a file, or a sharded checkpoint's trainer.pt) on every rank; all ranks fail
+    together with the same message."""
     from ..distributed import collective
 
     state, error = None, None
     try:
-        state = load_checkpoint(path, require=REQUIRED)
+        if path.is_dir():
+            from .dcp_state import read_dcp_state
+
+            state = read_dcp_state(path, REQUIRED)
+        else:
+            state = load_checkpoint(path, require=REQUIRED)
     except CheckpointError as e:
         error = str(e)
     if collective.is_initialized():
@@ -233,12 +270,17 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
         raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
+    if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
+        from .dcp_state import load_dcp_weights
+
+        load_dcp_weights(t, path, s)
+    else:
+        try:
+            load_model_state(t, s["model"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(path, f"incompatible with this model: {e}") from None
     try:
-        t.network.load_state_dict(s["model"], strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(path, f"incompatible with this model: {e}") from None
-    try:
-        if s.get("optimizer") is not None:
+        if s.get("optimizer") is not None and not path.is_dir():
             t.optimizer.load_state_dict(s["optimizer"])
         amp = getattr(t.optimizer, "amp", None)
         if s.get("scaler") and amp is not None:
@@ -267,7 +309,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
         if not isinstance(weights, dict):
             raise
-    own = t.network.state_dict()
+    own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
         if bad:
@@ -276,7 +318,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         own.update({k: v for k, v in weights.items() if k not in bad})
         weights = own
     try:
-        t.network.load_state_dict(weights, strict=True)
+        load_model_state(t, weights)
     except RuntimeError as e:
         raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
                                     f"matches): {e}") from None

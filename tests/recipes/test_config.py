@@ -42,7 +42,8 @@ def test_groups_hold_the_documented_options():
     assert _options("model") == ["fast", "resnet18", "tutorial_cnn"]
     assert _options("optim") == ["adam", "adamw", "sgd"]
     assert _options("sched") == ["cosine", "none", "onecycle"]
-    assert _options("strategy") == ["amp_bf16", "amp_fp16", "default", "grad_merge", "recompute", "sharding"]
+    assert _options("strategy") == ["amp_bf16", "amp_fp16", "default", "grad_merge", "recompute", "sharding",
+                                    "sharding2", "sharding3"]
     assert "default" in _options("trainer")
     assert _options("experiment") == ["airbench"]
 
@@ -77,6 +78,8 @@ def test_strategy_options_are_the_distributed_strategies_they_name():
         "recompute": DistributedStrategy(recompute=True, recompute_configs={
             "checkpoints": ["layer1", "layer2", "layer3", "layer4"]}),
         "sharding": DistributedStrategy(sharding=True, sharding_configs={"stage": 1}),
+        "sharding2": DistributedStrategy(sharding=True, sharding_configs={"stage": 2}),
+        "sharding3": DistributedStrategy(sharding=True, sharding_configs={"stage": 3}),
     }
     for option, strategy in expected.items():
         assert built(option) == strategy, option
@@ -118,7 +121,7 @@ def test_unknown_group_option_lists_the_choices():
     (["sched.warmup_epochs=20"], r"sched.warmup_epochs=20.0 must be in \[0, trainer.epochs=10\)"),
     (["optim.name=sgd"], r"optim.name='sgd' does not match the optim option in use \(adam\)"),
     (["strategy.amp_configs.use_pure_fp16=true", "strategy.amp=true"], r"strategy: .*use_pure_fp16"),
-    (["strategy.sharding=true", "strategy.sharding_configs.stage=3"], r"strategy: .*stage"),
+    (["strategy.sharding=true", "strategy.sharding_configs.offload=true"], r"strategy: .*offload"),
     (["data.train_size=0"], r"data.train_size=0 must be a positive number"),
 ])
 def test_bad_values_fail_with_one_clear_line(overrides, match):

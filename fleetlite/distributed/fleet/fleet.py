@@ -37,7 +37,7 @@ _UNFUSED_MB = 1e-9
 # strategy fields applied to the model by distributed_model (a later strategy cannot change an already wrapped model)
 _MODEL_FIELDS = ("find_unused_parameters", "fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB",
                  "amp", "amp_configs", "recompute", "recompute_configs", "sync_batch_norm", "fp16_allreduce",
-                 "fp16_allreduce_configs")
+                 "fp16_allreduce_configs", "sharding", "sharding_configs")
 
 
 class _State:
@@ -192,15 +192,19 @@ def distributed_model(model: nn.Module) -> nn.Module:
     ``amp`` (forward under autocast, outputs in float32), then DataParallel
     with ``fuse_grad_size_in_MB`` / ``last_comm_group_size_MB`` as bucket
     sizes, ``find_unused_parameters`` and, with ``fp16_allreduce``, the
-    buckets all-reduced in float16/bfloat16.
+    buckets all-reduced in float16/bfloat16. With sharding stage 2 or 3 the
+    last step is :class:`~fleetlite.distributed.sharding.ShardedDataParallel`
+    (FSDP2) instead; an optimizer over the original parameters is rebuilt over
+    the shards when it meets the model.
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())
     from ...parallel import DataParallel
+    from ..sharding.model import ShardedDataParallel
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"distributed_model needs a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel)):
+    if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
     if strategy.recompute:  # validate the names before changing anything
@@ -217,6 +221,38 @@ def distributed_model(model: nn.Module) -> nn.Module:
         apply_recompute(model, strategy.recompute_configs["checkpoints"])
     if strategy.amp:
         model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
+    if strategy.sharding_stage >= 2 and not collective.is_initialized():
+        warnings.warn(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
+                      "the model is not sharded", stacklevel=2)
+    if strategy.sharding_stage >= 2 and collective.is_initialized():
+        wrapped = _shard_model(model, strategy)
+    else:
+        wrapped = _data_parallel(model, strategy)
+    _state.models.add(wrapped)
+    params = {id(p) for p in wrapped.parameters()}
+    for opt in list(_state.optimizers):
+        opt_params = [p for g in opt.param_groups for p in g["params"]]
+        if any(id(p) in params or getattr(wrapped, "replaces", lambda _: False)(p) for p in opt_params):
+            opt.attach_model(wrapped)
+    return wrapped
+
+
+def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
+    """Stage 2/3: FSDP2 over the sharding degree's mesh; amp's dtype is the parameter (compute) dtype."""
+    from ..sharding.model import ShardedDataParallel
+
+    cfg = strategy.sharding_configs
+    param_dtype = DTYPES[strategy.amp_configs["dtype"]] if strategy.amp else None
+    reduce_dtype = DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else (
+        torch.float32 if param_dtype is not None else None)
+    return ShardedDataParallel(model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(
+        _world_size()), offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        wrap=cfg["wrap"] or None)
+
+
+def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
+    from ...parallel import DataParallel
+
     fused = strategy.fuse_all_reduce_ops
     dp = DataParallel(
         model,
@@ -225,11 +261,6 @@ def distributed_model(model: nn.Module) -> nn.Module:
         find_unused_parameters=strategy.find_unused_parameters,
         comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None,
     )
-    _state.models.add(dp)
-    params = {id(p) for p in dp.parameters()}
-    for opt in list(_state.optimizers):
-        if any(id(p) in params for g in opt.param_groups for p in g["params"]):
-            opt.attach_model(dp)
     return dp
 
 
@@ -259,7 +290,8 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
     dist_opt = DistributedOptimizer(optimizer, current, amp=amp)
     ids = {id(p) for p in params}
     for model in list(_state.models):
-        if any(id(p) in ids for p in model.parameters()):
+        replaced = getattr(model, "replaces", lambda _: False)  # sharding stage 2/3 swapped the parameters
+        if any(id(p) in ids for p in model.parameters()) or any(replaced(p) for p in params):
             dist_opt.attach_model(model)
     _state.optimizers.add(dist_opt)
     return dist_opt
@@ -275,12 +307,13 @@ def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:
         return scaler
     if not isinstance(scaler, torch.amp.GradScaler):
         raise TypeError(f"distributed_scaler needs a torch.amp.GradScaler, got {type(scaler).__name__}")
-    out = DistGradScaler(scaler._device, init_scale=scaler.get_scale() if scaler.is_enabled() else 65536.0,
+    if not scaler.is_enabled():  # a disabled scaler keeps none of its settings (torch drops them)
+        return DistGradScaler(scaler._device, enabled=False, decr_every_n_nan_or_inf=1)
+    out = DistGradScaler(scaler._device, init_scale=scaler.get_scale(),
                          growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
-                         growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled(),
+                         growth_interval=scaler.get_growth_interval(), enabled=True,
                          decr_every_n_nan_or_inf=1)
-    if scaler.is_enabled():
-        out.load_state_dict(scaler.state_dict())
+    out.load_state_dict(scaler.state_dict())
     return out
 
 

@@ -10,7 +10,10 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   ``zero_grad()`` do nothing inside an accumulation window, so the usual
   ``backward(); step(); clear_grad()`` loop works unchanged;
 * sharding stage 1: the optimizer state is partitioned across ranks with
-  ``torch.distributed.optim.ZeroRedundancyOptimizer``;
+  ``torch.distributed.optim.ZeroRedundancyOptimizer``; stages 2/3: the
+  optimizer is rebuilt over the shards of the
+  :class:`~fleetlite.distributed.sharding.ShardedDataParallel` model it is
+  attached to, and its ``state_dict`` is gathered in torch's format;
 * amp: the step goes through :class:`~fleetlite.distributed.fleet.amp.AmpHelper`
   (unscale, rank-consistent inf/nan skip, scale update).
 """
@@ -30,6 +33,14 @@ from .amp import AmpHelper
 __all__ = ["DistributedOptimizer"]
 
 _AMP_KEY = "fleet_amp"
+# Note [stage 1 consolidation]: the full optimizer state is gathered on rank 0 only; the other ranks' state_dict()
+# holds this marker instead of the state, and load_state_dict broadcasts rank 0's full state when a rank lacks it.
+_ON_RANK0 = "fleet_state_on_rank0"
+
+
+def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
+    return any(s.get("step") is not None and float(torch.as_tensor(s["step"])) > 0
+               for s in optimizer.state.values())
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -75,7 +86,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
-        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_enabled else optimizer
+        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else optimizer
+        self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
 
     @staticmethod
     def _shard(optimizer: torch.optim.Optimizer, group) -> torch.optim.Optimizer:
@@ -85,16 +97,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn("strategy.sharding is on but there is a single rank: the optimizer state is not "
                           "partitioned (nothing to partition across)", stacklevel=3)
             return optimizer
-        if any(len(s) for s in optimizer.state.values()):
-            raise ValueError("sharding needs an optimizer without state, but this one has already stepped; call "
+        if _has_stepped(optimizer):  # (Adagrad has state before its first step: look at the step counts)
+            raise ValueError("sharding needs an optimizer that has not stepped yet, but this one has; call "
                              "fleet.distributed_optimizer(opt) before the first step (load a checkpoint after, with "
                              "set_state_dict)")
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
+        from ..sharding.rebuild import constructor_kwargs, report_steps_to
+
         # The groups are handed over as the same dicts, so a scheduler built on the original optimizer still
         # drives the learning rate (ZeroRedundancyOptimizer copies group settings to its shard at each step).
-        return ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
-                                       process_group=group, **optimizer.defaults)
+        # Only the constructor's own arguments are passed back (AdamW's defaults hold one it does not take).
+        zero = ZeroRedundancyOptimizer(optimizer.param_groups, optimizer_class=type(optimizer),
+                                       process_group=group, **constructor_kwargs(optimizer))
+        report_steps_to(optimizer, zero)
+        return zero
 
     # --- torch's optimizer hooks: they belong to the optimizer that really steps ----------------------------
     def register_step_pre_hook(self, hook):
@@ -123,6 +140,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not hasattr(model, "require_backward_grad_sync"):
             raise TypeError(f"{type(model).__name__} has no require_backward_grad_sync attribute; attach the "
                             "model returned by fleet.distributed_model")
+        if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
+            from ..sharding.rebuild import rebuild_optimizer
+
+            if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
+                self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
+            self._sharded_model = model
         self._models.add(model)
         model.require_backward_grad_sync = self._micro + 1 >= self._k
 
@@ -217,14 +240,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state in torch's format (plus the amp scaler under ``'fleet_amp'``).
 
-        With sharding this is collective: every rank must call it; each gets the full state.
+        With sharding (stage 1: ZeroRedundancyOptimizer's consolidation; 2/3:
+        ``get_optimizer_state_dict`` with ``full_state_dict``, turned back into
+        torch's index-keyed format) this is collective (every rank must call it) and
+        the full state is gathered on rank 0 only (Note [stage 1 consolidation]):
+        the other ranks get ``{"fleet_state_on_rank0": True, "param_groups": ...}``
+        without the state. :meth:`load_state_dict` accepts that on those ranks
+        when rank 0 passes the full state.
         """
         inner = self.inner_opt
-        if hasattr(inner, "consolidate_state_dict"):
+        if self._sharded_model is not None:
+            from ..sharding.optim_state import full_optimizer_state
+
+            state = full_optimizer_state(self._sharded_model, inner)
+            if state is None:
+                state = {_ON_RANK0: True, "param_groups": []}
+        elif hasattr(inner, "consolidate_state_dict"):
             inner.consolidate_state_dict(to=0)
-            holder = [inner.state_dict() if tdist.get_rank() == 0 else None]
-            tdist.broadcast_object_list(holder, src=0, group=inner.process_group)
-            state = holder[0]
+            if tdist.get_rank(inner.process_group) == 0:
+                state = inner.state_dict()
+            else:
+                state = {_ON_RANK0: True, "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                                           for g in inner.param_groups]}
         else:
             state = inner.state_dict()
         if self.amp.uses_scaler:
@@ -236,13 +273,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Load a state from :meth:`state_dict` (or from a plain torch optimizer of the same type)."""
         state = dict(state_dict)
         amp_state = state.pop(_AMP_KEY, None)
-        self.inner_opt.load_state_dict(state)
+        inner = self.inner_opt
+        if self._sharded_model is not None:
+            from ..sharding.optim_state import load_full_optimizer_state
+
+            load_full_optimizer_state(self._sharded_model, inner, self._full_state_from_rank0(state, None))
+            state = None
+        elif hasattr(inner, "consolidate_state_dict"):  # every rank needs the full state to re-partition it
+            state = self._full_state_from_rank0(state, inner.process_group)
+        elif state.get(_ON_RANK0):
+            raise ValueError("this optimizer state was saved by a non-zero rank of a sharded run and "
+                             "holds no state; load the one rank 0 saved")
+        if state is not None:
+            inner.load_state_dict(state)
         if amp_state is not None:
             self.amp.load_state_dict(amp_state)
         self._micro = 0
         self._set_sync(self._k == 1)
 
     set_state_dict = load_state_dict
+
+    @staticmethod
+    def _full_state_from_rank0(state: dict[str, Any], group) -> dict[str, Any]:
+        """``state`` where every rank has it; rank 0's full state where some rank holds only the marker."""
+        lacking: list[Any] = [None] * tdist.get_world_size(group)
+        tdist.all_gather_object(lacking, bool(state.get(_ON_RANK0)), group=group)  # torch picks the device
+        if not any(lacking):
+            return state
+        if tdist.get_rank(group) == 0 and state.get(_ON_RANK0):
+            raise ValueError("load_state_dict under sharding stage 1 needs the full optimizer state on rank 0 "
+                             "(what rank 0's state_dict() returned); rank 0 got a state without it")
+        holder = [state if tdist.get_rank(group) == 0 else None]
+        tdist.broadcast_object_list(holder, src=tdist.get_global_rank(group, 0) if group is not None else 0,
+                                    group=group)
+        return holder[0]
 
     def __getstate__(self):
         raise TypeError("a DistributedOptimizer is bound to live process groups and models; pickle its "
@@ -252,8 +316,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         extras = []
         if self._k > 1:
             extras.append(f"k_steps={self._k}, avg={self._avg}")
-        if self.inner_opt is not self.user_opt:
-            extras.append("sharding=stage1")
+        if self.strategy.sharding_stage:
+            extras.append(f"sharding=stage{self.strategy.sharding_stage}")
         if self.amp.enabled:
             extras.append(repr(self.amp))
         tail = (", " + ", ".join(extras)) if extras else ""

@@ -9,7 +9,7 @@ AttributeError/KeyError with the valid names and the closest match; a wrong
 type or value raises ValueError naming the field, at assignment time.
 
 Features that are named but not implemented here (dgc, localsgd, pipeline,
-tensor_parallel, mp/pp degrees above 1, sharding stages 2 and 3) can be set,
+tensor_parallel, mp/pp degrees above 1, pure fp16) can be set,
 so a Paddle script's strategy builds, but :meth:`DistributedStrategy.check_supported`
 (run by ``fleet.init`` and ``fleet.distributed_*``) refuses them with
 NotImplementedError instead of ignoring them.
@@ -126,7 +126,10 @@ _CONFIGS: dict[str, dict[str, tuple[Any, _Check]]] = {
     "recompute_configs": {"checkpoints": ([], _names)},
     "gradient_merge_configs": {"k_steps": (1, _int_at_least(1)), "avg": (True, _bool)},
     "fp16_allreduce_configs": {"dtype": ("float16", _choice("float16", "bfloat16"))},
-    "sharding_configs": {"stage": (1, _choice(1, 2, 3))},
+    # stage 1: ZeroRedundancyOptimizer; 2/3: FSDP2 (fleetlite.distributed.sharding); sharding_degree -1 = all
+    # ranks, fewer = hybrid sharding; wrap: module class names that become FSDP units (default: automatic)
+    "sharding_configs": {"stage": (1, _choice(1, 2, 3)), "sharding_degree": (-1, _degree),
+                         "offload": (False, _bool), "wrap": ([], _names)},
     "hybrid_configs": {
         "dp_degree": (-1, _degree),
         "mp_degree": (1, _int_at_least(1)),
@@ -318,6 +321,38 @@ class DistributedStrategy:
         """
         return self._values["sharding"] or self._values["hybrid_configs"]["sharding_degree"] > 1
 
+    @property
+    def sharding_stage(self) -> int:
+        """0 without sharding, else ``sharding_configs['stage']`` (1, 2 or 3)."""
+        return self._values["sharding_configs"]["stage"] if self.sharding_enabled else 0
+
+    def sharding_degree(self, world_size: int) -> int:
+        """Ranks per sharding group: ``sharding_configs['sharding_degree']``, else ``hybrid_configs``', else all."""
+        sd = self._values["sharding_configs"]["sharding_degree"]
+        if sd == -1:
+            sd = self._values["hybrid_configs"]["sharding_degree"]
+            sd = world_size if sd <= 1 else sd
+        return sd
+
+    def _check_sharding(self, sd: int, world_size: int) -> None:
+        stage, cfg = self._values["sharding_configs"]["stage"], self._values["sharding_configs"]
+        if sd > world_size or world_size % sd:
+            raise ValueError(f"sharding degree {sd} does not divide the {world_size} ranks: set "
+                             f"sharding_configs['sharding_degree'] to a divisor of {world_size} (the ranks of one "
+                             "node for hybrid sharding) or -1 for all ranks")
+        if stage == 1 and sd != world_size:
+            raise NotImplementedError(
+                f"sharding degree {sd} with {world_size} ranks at stage 1: hybrid (partial) sharding runs on stages "
+                f"2/3 (FSDP2 on a 2-D DeviceMesh); use stage 2 or 3, or sharding_degree = {world_size} (all ranks)")
+        if stage == 1 and (cfg["offload"] or cfg["wrap"]):
+            raise NotImplementedError(
+                "sharding_configs offload/wrap apply to stages 2 and 3 (FSDP2); stage 1 "
+                "(ZeroRedundancyOptimizer) shards only the optimizer state: set stage 2 or 3, or drop them")
+        if stage > 1 and (self._values["fp16_allreduce"] and self._values["amp"]
+                          and self._values["fp16_allreduce_configs"]["dtype"] != self._values["amp_configs"]["dtype"]):
+            raise ValueError("under sharding stage 2/3 fp16_allreduce's dtype is FSDP's reduce dtype and amp's is its "
+                             "parameter dtype: set both to the same dtype, or turn fp16_allreduce off")
+
     def check_supported(self, world_size: int) -> None:
         """Raise NotImplementedError for a feature this implementation does not run, ValueError for degrees
         that do not fit ``world_size``. Called by ``fleet.init`` and ``fleet.distributed_*``."""
@@ -326,27 +361,21 @@ class DistributedStrategy:
                 raise NotImplementedError(
                     f"strategy.{name} = True ({what}) is not implemented by fleetlite; set strategy.{name} = False. "
                     "fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
-                    "fp16_allreduce and sharding stage 1.")
+                    "fp16_allreduce and sharding stages 1-3.")
         hybrid = self._values["hybrid_configs"]
         for key in ("mp_degree", "pp_degree"):
             if hybrid[key] > 1:
                 raise NotImplementedError(
                     f"hybrid_configs['{key}'] = {hybrid[key]}: model/pipeline parallelism is not implemented by "
-                    f"fleetlite; set it to 1 (data parallelism, optionally with sharding stage 1).")
-        stage = self._values["sharding_configs"]["stage"]
-        if self.sharding_enabled and stage != 1:
-            raise NotImplementedError(
-                f"sharding_configs['stage'] = {stage}: only stage 1 (optimizer state sharding, "
-                "torch's ZeroRedundancyOptimizer) is implemented; set sharding_configs = {'stage': 1}.")
-        sd, dp = hybrid["sharding_degree"], hybrid["dp_degree"]
-        if sd > 1 and sd != world_size:
-            raise NotImplementedError(
-                f"hybrid_configs['sharding_degree'] = {sd} with {world_size} ranks: sharding over a subset of the "
-                f"ranks is not implemented; use sharding_degree = 1 or {world_size} (all ranks).")
-        expected_dp = world_size // sd if sd > 1 else world_size
+                    f"fleetlite; set it to 1 (data parallelism, optionally with sharding).")
+        sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
+        if self.sharding_enabled:
+            self._check_sharding(sd, world_size)
+        hsd = hybrid["sharding_degree"]  # Paddle's dp_degree counts the replicas of a hybrid_configs sharding group
+        expected_dp = world_size // hsd if hsd > 1 else world_size
         if dp != -1 and dp != expected_dp:
             raise ValueError(
-                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (sharding_degree {sd}): "
+                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (sharding_degree {hsd}): "
                 f"it must be {expected_dp} or -1 (computed).")
         if self._values["amp"] and self._values["amp_configs"]["use_pure_fp16"]:
             raise NotImplementedError(

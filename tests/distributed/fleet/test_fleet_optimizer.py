@@ -78,12 +78,17 @@ def _sharding(rank, world):
             o.step()
             o.zero_grad()
             s.step()
-    full_state = opt.state_dict()  # collective; the full state on every rank
-    plain = torch.optim.Adam(copy.deepcopy(ref.module).parameters(), lr=1.0)
-    plain.load_state_dict(full_state)
-    state_diff = max(max_diff(plain.state_dict()["state"][i], ref_opt.state_dict()["state"][i])
-                     for i in ref_opt.state_dict()["state"])
-    opt.set_state_dict(full_state)  # ZeroRedundancyOptimizer re-partitions the full state; training goes on exactly
+    full_state = opt.state_dict()  # collective; the full state on rank 0 only (issue 14: not broadcast)
+    state_diff = 0.0
+    if rank == 0:
+        plain = torch.optim.Adam(copy.deepcopy(ref.module).parameters(), lr=1.0)
+        plain.load_state_dict(full_state)
+        state_diff = max(max_diff(plain.state_dict()["state"][i], ref_opt.state_dict()["state"][i])
+                         for i in ref_opt.state_dict()["state"])
+    else:
+        assert "state" not in full_state and full_state["fleet_state_on_rank0"]
+    # rank 0's full state reaches the others at load; ZeroRedundancyOptimizer re-partitions it, training goes on
+    opt.set_state_dict(full_state)
     x, y = batch(7, rank)
     for m, o in ((model, opt), (ref, ref_opt)):
         F.cross_entropy(m(x), y).backward()
@@ -104,6 +109,43 @@ def test_sharding_stage1_equals_plain_data_parallel_with_partitioned_state():
         assert abs(local - full / 2) <= largest  # about 1/world of the state on each rank
         assert lr == ref_lr == 1e-2 * 0.5 ** 3
     assert sum(locals_) == results[0][2]  # the shards cover the full state exactly once
+
+
+_OPTIMIZERS = {
+    "SGD": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "Adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3),
+    "AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-2),  # its defaults hold a key its constructor rejects
+    "RMSprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.5),
+    "Adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2),  # has state before its first step
+}
+
+
+def _stage1_vs_ddp(rank, world, names):
+    out = {}
+    for name in names:
+        fresh_fleet(DistributedStrategy(sharding=True, sharding_configs={"stage": 1}))
+        torch.manual_seed(0)
+        net = MLP(width=16, depth=3)
+        ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+        ref_opt = _OPTIMIZERS[name](ref.parameters())
+        model = fleet.distributed_model(net)
+        opt = fleet.distributed_optimizer(_OPTIMIZERS[name](model.parameters()))
+        for step in range(5):
+            x, y = batch(step, rank)
+            for m, o in ((model, opt), (ref, ref_opt)):
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+                o.zero_grad()
+        out[name] = (max_diff(params_of(model), params_of(ref.module)), type(opt.inner_opt.optim).__name__)
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_sharding_stage1_rebuilds_every_torch_optimizer_and_matches_ddp():
+    for result in run_ranks(_stage1_vs_ddp, args=(list(_OPTIMIZERS),), timeout=170):
+        for name, (diff, inner) in result.items():
+            assert inner == name
+            assert diff <= 1e-6, name
 
 
 # --- single process: the optimizer API -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def test_paddle_defaults():
                     s.localsgd])
     assert s.recompute_configs == {"checkpoints": []}
     assert s.gradient_merge_configs == {"k_steps": 1, "avg": True}
-    assert s.sharding_configs == {"stage": 1}
+    assert s.sharding_configs == {"stage": 1, "sharding_degree": -1, "offload": False, "wrap": []}
     assert s.hybrid_configs == {"dp_degree": -1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 1}
 
 
@@ -134,9 +134,9 @@ def test_copy_and_pickle():
     ({"localsgd": True}, "localsgd"),
     ({"hybrid_configs": {"mp_degree": 2}}, "mp_degree"),
     ({"hybrid_configs": {"pp_degree": 2}}, "pp_degree"),
-    ({"sharding": True, "sharding_configs": {"stage": 2}}, "stage"),
+    ({"sharding": True, "sharding_configs": {"stage": 1, "offload": True}}, "offload"),
     ({"amp": True, "amp_configs": {"use_pure_fp16": True}}, "use_pure_fp16"),
-    ({"hybrid_configs": {"sharding_degree": 3}}, "sharding_degree"),
+    ({"sharding": True, "sharding_configs": {"stage": 1, "sharding_degree": 1}}, "hybrid"),
 ])
 def test_unsupported_features_are_refused(fields, match):
     s = DistributedStrategy.from_dict(fields)  # settable (a Paddle script's strategy builds) ...
@@ -148,6 +148,11 @@ def test_degrees_must_fit_world():
     DistributedStrategy.from_dict({"hybrid_configs": {"dp_degree": 2}}).check_supported(2)
     with pytest.raises(ValueError, match="dp_degree"):
         DistributedStrategy.from_dict({"hybrid_configs": {"dp_degree": 4}}).check_supported(2)
+    with pytest.raises(ValueError, match="does not divide the 2 ranks"):
+        DistributedStrategy.from_dict({"hybrid_configs": {"sharding_degree": 3}}).check_supported(2)
+    s3 = DistributedStrategy.from_dict({"sharding": True, "sharding_configs": {"stage": 3, "sharding_degree": 2}})
+    s3.check_supported(4)  # hybrid sharding: 2 groups of 2
+    assert s3.sharding_stage == 3 and s3.sharding_degree(4) == 2
     s = DistributedStrategy.from_dict({"hybrid_configs": {"sharding_degree": 2, "dp_degree": 1}})
     s.check_supported(2)
     assert s.sharding_enabled

@@ -40,6 +40,11 @@ def fused_allreduce_gradients(parameter_list: Iterable[torch.Tensor], hcg=None) 
             raise TypeError(f"fused_allreduce_gradients expects parameters (tensors), got {type(p).__name__}")
         if id(p) in seen:
             continue
+        if hasattr(p, "device_mesh") and hasattr(p, "placements"):  # a DTensor: FSDP2 (sharding stage 2/3)
+            raise ValueError("fused_allreduce_gradients got sharded (DTensor) parameters: under sharding stage 2/3 "
+                             "FSDP reduce-scatters the gradients itself in backward, so there is nothing to "
+                             "all-reduce; drop the call (use model.no_sync() / require_backward_grad_sync for "
+                             "gradient merge)")
         if p.grad is not None and p.grad.is_sparse:
             raise ValueError("fused_allreduce_gradients: sparse gradients are not supported; "
                              "use a dense embedding (sparse=False)")

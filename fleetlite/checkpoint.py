@@ -1,0 +1,340 @@
+"""Sharded, reshardable, asynchronous checkpoints on ``torch.distributed.checkpoint`` (DCP).
+
+A checkpoint is a directory: every rank writes its own shards (DCP's
+``__<rank>_<n>.distcp`` files and ``.metadata``), rank 0 adds small files
+of its own (the Trainer's ``trainer.pt``) and, last, ``fleetlite.json``.
+DCP reshards on load, so a checkpoint written by 4 ranks at stage 3 loads on
+2 ranks at stage 2, on one process, or offline into a plain module with
+:func:`load_full`.
+
+# Note [atomic checkpoint directory]
+The directory is written under a hidden temporary name
+(``.NAME.tmp-<hex>``) and renamed to ``NAME`` by rank 0 once DCP's save
+finished on every rank (DCP's own finish step gathers every rank's write
+results before rank 0 writes ``.metadata``); ``latest`` (a text file
+holding the directory's name) is replaced atomically after the rename. A
+rank killed mid-save leaves only a temporary directory, which lookups never
+pick up and :func:`remove_stale` deletes; ``latest`` keeps pointing at the
+previous complete checkpoint. Every lookup validates what it picks
+(:func:`validate`): marker, metadata, and every shard file the metadata names.
+
+Example::
+
+    import fleetlite.checkpoint as ckpt
+    handle = ckpt.save({"model": model_sd}, "runs/a/step-00000100", async_save=True)  # collective
+    handle.wait()                                       # collective; commits and points `latest` at it
+    weights = ckpt.load_full(ckpt.find_latest("runs/a"))  # offline, no process group
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .trainer.checkpoint import CheckpointError
+from .utils.atomic import atomic_write_text, fsync_dir
+
+__all__ = ["MARKER", "LATEST", "PendingSave", "save", "load", "load_full", "validate", "find_latest", "find_newest",
+           "list_checkpoints", "remove_stale", "is_checkpoint_dir"]
+
+MARKER = "fleetlite.json"
+LATEST = "latest"
+FORMAT = "fleetlite.dcp"
+_group_cache: dict[str, Any] = {}
+
+
+def _dist() -> bool:
+    import torch.distributed as tdist
+
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def _rank() -> int:
+    import torch.distributed as tdist
+
+    return tdist.get_rank() if _dist() else 0
+
+
+def _ckpt_group():
+    """A gloo group of its own, so a background save's collectives never interleave with training's."""
+    import torch.distributed as tdist
+
+    if not _dist():
+        return None
+    key = f"{id(tdist.distributed_c10d._get_default_group())}"
+    if key not in _group_cache:
+        _group_cache.clear()
+        _group_cache[key] = tdist.new_group(backend="gloo")
+    return _group_cache[key]
+
+
+def _from_rank0(value: Any) -> Any:
+    import torch.distributed as tdist
+
+    if not _dist():
+        return value
+    holder = [value]
+    tdist.broadcast_object_list(holder, src=0, group=_ckpt_group())
+    return holder[0]
+
+
+def _barrier() -> None:
+    import torch.distributed as tdist
+
+    if _dist():
+        tdist.barrier(group=_ckpt_group())
+
+
+class PendingSave:
+    """A save in flight: :meth:`wait` (collective) finishes it and commits the directory (on rank 0)."""
+
+    def __init__(self, future: Any, tmp: Path, final: Path, meta: dict[str, Any], latest: bool) -> None:
+        self.future, self.tmp, self.final, self.meta, self.latest = future, tmp, final, meta, latest
+        self.done = False
+        self.error: BaseException | None = None
+
+    def wait(self) -> Path:
+        """Block until every rank's shards are written, commit, and return the directory (collective)."""
+        if self.done:
+            if self.error is not None:
+                raise self.error
+            return self.final
+        try:
+            if self.future is not None:
+                self.future.result()
+            if _rank() == 0:
+                _commit(self.tmp, self.final, self.meta, self.latest)
+        except BaseException as e:  # noqa: BLE001 - recorded, re-raised on every wait
+            self.error = CheckpointError(self.final, f"saving failed ({type(e).__name__}: {e}); the previous "
+                                                     "checkpoint stays the latest")
+        finally:
+            self.done = True
+        failed = _from_rank0(self.error is not None)  # every rank learns whether rank 0 committed
+        _barrier()
+        if self.error is not None:
+            raise self.error
+        if failed:
+            raise CheckpointError(self.final, "saving failed on rank 0; the previous checkpoint stays the latest")
+        return self.final
+
+
+def _commit(tmp: Path, final: Path, meta: dict[str, Any], latest: bool) -> None:
+    files = sorted(p.name for p in tmp.iterdir())
+    atomic_write_text(tmp / MARKER, json.dumps({**meta, "format": FORMAT, "files": files}, indent=1))
+    fsync_dir(tmp)
+    old = None
+    if final.exists():  # the same name saved again: move the old one aside, then drop it
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if latest:
+        atomic_write_text(final.parent / LATEST, final.name)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save(state: dict[str, Any], path: str | os.PathLike, *, rank0_files: dict[str, Callable[[Path], Any]] | None = None,
+         meta: dict[str, Any] | None = None, async_save: bool = False, latest: bool = True) -> PendingSave:
+    """Write ``state`` (DTensors, tensors, plain values) as a DCP checkpoint directory ``path`` (collective).
+
+    ``rank0_files``: ``{name: write(path)}`` run on rank 0 into the directory before the shards.
+    ``async_save``: DCP stages a copy of the state and writes it in the background; the returned
+    :class:`PendingSave` commits when waited on. A sync save is waited on before returning.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    final = Path(path)
+    if final.suffix == ".pt":
+        raise ValueError(f"{final} names a file; a sharded checkpoint is a directory (drop the .pt suffix)")
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = Path(_from_rank0(str(tmp)))  # one temporary name on every rank
+    error = None
+    if _rank() == 0:
+        try:
+            tmp.mkdir(parents=True)
+            for name, write in (rank0_files or {}).items():
+                write(tmp / name)
+        except (OSError, TypeError, CheckpointError) as e:
+            error = f"{type(e).__name__}: {e}"
+    error = _from_rank0(error)
+    if error is not None:
+        raise CheckpointError(final, f"saving failed on rank 0 before the shards were written: {error}")
+    full_meta = {"time": time.time(), "world_size": torch.distributed.get_world_size() if _dist() else 1,
+                 "torch": str(torch.__version__), **(meta or {})}
+    group = _ckpt_group()
+    if async_save:
+        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
+        future = getattr(future, "upload_completion", future)
+        return PendingSave(future, tmp, final, full_meta, latest)
+    dcp.save(state, checkpoint_id=str(tmp), process_group=group)
+    pending = PendingSave(None, tmp, final, full_meta, latest)
+    pending.wait()
+    return pending
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a committed DCP checkpoint directory (it holds the marker)."""
+    return (Path(path) / MARKER).is_file()
+
+
+def validate(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a checkpoint directory; returns its marker's content or raises ``CheckpointError`` naming the problem."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(path, "no such checkpoint directory")
+    if path.name.startswith("."):
+        raise CheckpointError(path, "is a temporary directory of a save that did not finish (torn); use a committed "
+                                    "checkpoint")
+    try:
+        meta = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(path, f"lacks a readable {MARKER} ({e}): not a complete fleetlite checkpoint") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(path, f"{MARKER} is not a fleetlite sharded checkpoint marker")
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - DCP raises various types for a damaged .metadata
+        raise CheckpointError(path, f"its DCP .metadata is missing or unreadable ({e})") from None
+    wanted = {getattr(v, "relative_path", None) for v in (metadata.storage_data or {}).values()}
+    wanted |= set(meta.get("files", []))
+    missing = sorted(f for f in wanted if f and not (path / f).exists())
+    if missing:
+        raise CheckpointError(path, f"incomplete: missing shard file(s) {missing}; a rank's write was lost. Use "
+                                    "an older checkpoint")
+    return meta
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Committed-looking checkpoint directories in ``root`` (not temporary ones), newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / MARKER).exists()]
+    return sorted(dirs, key=lambda p: ((p / MARKER).stat().st_mtime_ns, p.name), reverse=True)
+
+
+def find_latest(root: str | os.PathLike, warn: bool = True) -> Path | None:
+    """The directory ``latest`` names when valid, else the newest valid one (warning what was skipped)."""
+    root = Path(root)
+    candidates = []
+    pointer = root / LATEST
+    if pointer.is_file():
+        candidates.append(root / pointer.read_text().strip())
+    candidates += [p for p in list_checkpoints(root) if p not in candidates]
+    problems = []
+    for p in candidates:
+        try:
+            validate(p)
+        except CheckpointError as e:
+            problems.append(f"{p.name}: {e.problem}")
+            continue
+        if problems and warn:
+            warnings.warn(f"fleetlite: skipped invalid sharded checkpoint(s) in {root} ({'; '.join(problems)}); "
+                          f"falling back to {p.name}", stacklevel=2)
+        return p
+    return None
+
+
+def find_newest(root: str | os.PathLike, require: tuple[str, ...] = ()) -> Path | None:
+    """The newest valid checkpoint of either kind in ``root``: a ``.pt`` file or a sharded directory."""
+    from .trainer.checkpoint import find_latest_checkpoint
+
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    file, folder = find_latest_checkpoint(root, require=require), find_latest(root)
+    if folder is None or file is None:
+        return folder or file
+    return folder if (folder / MARKER).stat().st_mtime_ns > file.stat().st_mtime_ns else file
+
+
+def remove_stale(root: str | os.PathLike) -> list[Path]:
+    """Delete temporary directories of saves that died midway (call when no save is running); returns them."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".") and (".tmp-" in p.name
+                                                                                    or ".old-" in p.name)]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    """Load a validated checkpoint directory into ``state`` in place (collective; reshards to ``state``'s layout)."""
+    import torch.distributed.checkpoint as dcp
+
+    meta = validate(path)
+    if isinstance(state.get("model"), dict):
+        _check_model_keys(path, state["model"])
+    try:
+        dcp.load(state, checkpoint_id=str(path), process_group=_ckpt_group())
+    except Exception as e:  # noqa: BLE001 - DCP wraps per-rank errors in CheckpointException
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(path, f"does not fit this model/optimizer: {text}") from None
+    return meta
+
+
+def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
+    """A clear error naming missing/unexpected/reshaped weights before DCP starts (a foreign model's checkpoint)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = {k[len("model."):]: m for k, m in FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+             if k.startswith("model.")}
+    missing, unexpected = sorted(set(model_state) - set(saved)), sorted(set(saved) - set(model_state))
+    reshaped = sorted(k for k, v in model_state.items() if k in saved and torch.is_tensor(v)
+                      and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape))
+    if missing or unexpected or reshaped:
+        raise CheckpointError(path, f"was saved from another model: missing {missing[:10]}, unexpected "
+                                    f"{unexpected[:10]}, different shapes {reshaped[:10]}")
+
+
+def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
+              ) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights of a checkpoint directory, offline (no process group), on the CPU.
+
+    With ``model`` they are also loaded into it (``strict``); a checkpoint of another model is a
+    ``CheckpointError`` naming the missing and unexpected keys.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = Path(path)
+    if path.is_dir() and not is_checkpoint_dir(path):
+        found = find_latest(path)
+        if found is None:
+            raise CheckpointError(path, "holds no valid sharded checkpoint")
+        path = found
+    validate(path)
+    metadata = FileSystemReader(str(path)).read_metadata()
+    prefix = key + "."
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    if not state:
+        raise CheckpointError(path, f"holds no '{key}' entries")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    weights = {k[len(prefix):]: v for k, v in state.items()}
+    if model is not None:
+        own = set(model.state_dict())
+        missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
+        if missing or unexpected:
+            raise CheckpointError(path, f"does not fit {type(model).__name__}: missing {missing[:10]}, unexpected "
+                                        f"{unexpected[:10]}")
+        model.load_state_dict(weights, strict=True)
+    return weights

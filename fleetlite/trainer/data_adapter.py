@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-__all__ = ["DataAdapter", "batch_length", "to_device"]
+__all__ = ["DataAdapter", "batch_length", "to_device", "keras_xy"]
 
 
 def batch_length(batch: Any) -> int:
@@ -54,6 +54,40 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
+
+
+def keras_xy(x: Any, y: Any, call: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(x, y)`` when ``call(x, y)`` is Keras' layout (inputs and labels as two tensors), else None.
+
+    Raises a short ``ValueError`` when both are tensors whose first dimensions differ.
+    """
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return None
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"{call}(x, y) with x of shape {tuple(x.shape)} and y of shape {tuple(y.shape)}: inputs "
+                         f"and labels need the same first dimension (one label per sample); or pass the data as "
+                         f"one argument: {call}((x, y))")
+    return x, y
+
+
+def describe_sizes(adapter: DataAdapter) -> str:
+    """``"5 samples, batch size 8 per rank, 1 rank, drop_last=True"`` (what is known of them)."""
+    owner = adapter.sampler if adapter.sampler is not None else adapter.loader
+    parts = []
+    for obj in (owner, getattr(owner, "dataset", None), adapter.loader):
+        dataset = getattr(obj, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__"):
+            parts.append(f"{len(dataset)} samples")
+            break
+    bs = getattr(owner, "batch_size", None) or getattr(adapter.loader, "batch_size", None)
+    if bs:
+        parts.append(f"batch size {bs} per rank")
+    ranks = getattr(owner, "nranks", None) or getattr(owner, "num_replicas", None) or 1
+    parts.append(f"{ranks} rank{'s' if ranks != 1 else ''}")
+    drop = getattr(owner, "drop_last", getattr(adapter.loader, "drop_last", None))
+    if drop is not None:
+        parts.append(f"drop_last={drop}")
+    return ", ".join(parts)
 
 
 def _is_tensor_pipeline(data: Any) -> bool:

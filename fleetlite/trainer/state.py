@@ -44,7 +44,7 @@ from .checkpoint import (
 )
 
 __all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "load_weights", "REQUIRED"]
+           "load_weights", "check_optimizer", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -80,9 +80,46 @@ def build_state(trainer) -> dict[str, Any] | None:
         "callbacks": trainer._callbacks.state_dict() if trainer._callbacks is not None else {},
         "strategy": trainer._connector.strategy_dict(),
         "config": trainer.config,
-        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version()},
+        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version(),
+                 "optimizer": optimizer_name(trainer.user_optimizer)},
     }
     return state
+
+
+def optimizer_name(optimizer: Any) -> str | None:
+    """``"torch.optim.adam.Adam"``: the class of the torch optimizer that steps (inside any wrapper)."""
+    if optimizer is None:
+        return None
+    inner = getattr(optimizer, "inner_opt", optimizer)
+    return f"{type(inner).__module__}.{type(inner).__qualname__}"
+
+
+def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hint: str) -> None:
+    """Refuse, naming both, a checkpoint whose optimizer state comes from another optimizer class.
+
+    torch would load such a state silently and fail at the first step (``KeyError: 'momentum'``). Checkpoints
+    that do not record the class are checked by their hyperparameter names.
+    """
+    saved_opt = state.get("optimizer")
+    if optimizer is None or not isinstance(saved_opt, dict):
+        return
+    saved = (state.get("meta") or {}).get("optimizer")
+    mine = optimizer_name(optimizer)
+
+    def short(name: Any) -> str:
+        return str(name).rsplit(".", 1)[-1]
+
+    if saved is not None and saved != mine:
+        raise CheckpointError(path, f"its optimizer state comes from {short(saved)} ({saved}) but this run's "
+                                    f"optimizer is {short(mine)} ({mine}); {hint}")
+    groups = saved_opt.get("param_groups") or []
+    own = getattr(optimizer, "inner_opt", optimizer).param_groups
+    if saved is None and groups and own:
+        missing = sorted(set(own[0]) - set(groups[0]) - {"params"})
+        if missing:
+            raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
+                                        f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
+                                        f"class; {hint}")
 
 
 def _version() -> str:
@@ -237,6 +274,9 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
         t.network.load_state_dict(s["model"], strict=True)
     except RuntimeError as e:
         raise CheckpointError(path, f"incompatible with this model: {e}") from None
+    check_optimizer(path, s, t.user_optimizer, "resume with the optimizer it was trained with (recipes: the same "
+                                                "optim=...), or start a new run from its weights with "
+                                                "Trainer.load(path, reset_optimizer=True)")
     try:
         if s.get("optimizer") is not None:
             t.optimizer.load_state_dict(s["optimizer"])
@@ -267,6 +307,8 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
         if not isinstance(weights, dict):
             raise
+    if not reset_optimizer:  # before anything is loaded
+        check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
     own = t.network.state_dict()
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]

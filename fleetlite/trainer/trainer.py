@@ -20,7 +20,7 @@ from torch import nn
 
 from .callback_base import Callback, CallbackList, History
 from .connector import Connector, check_positive, plain_config
-from .data_adapter import DataAdapter
+from .data_adapter import DataAdapter, describe_sizes, keras_xy
 from .metrics import Metric
 
 __all__ = ["Trainer"]
@@ -113,7 +113,12 @@ class Trainer:
                 raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
                                    "initialised); pass it to the Trainer or to the first compile call")
             self._connector.user_strategy = strategy
-        self._set_training_objects(optimizer, loss, metrics)
+        wrapped = self.optimizer if optimizer is None else None
+        # arguments not passed keep their values (Trainer(net, loss=...).compile(opt) keeps the loss)
+        self._set_training_objects(self.user_optimizer if optimizer is None else optimizer,
+                                   self.loss_fn if loss is None else loss,
+                                   self.metrics if metrics is None else metrics)
+        self.optimizer = wrapped
         return self
 
     prepare = compile  # Paddle's name
@@ -165,7 +170,14 @@ class Trainer:
         if self.loss_fn is None:
             raise ValueError("no loss function: pass loss=... to the Trainer or compile()")
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-        return self.loss_fn(*outs, *labels)
+        if labels:
+            return self.loss_fn(*outs, *labels)
+        try:  # inputs only: fine for a loss of the outputs alone, else say what is missing
+            return self.loss_fn(*outs)
+        except TypeError as e:
+            raise ValueError(f"the batch has no labels (inputs only), but the loss needs them ({e}): pass inputs "
+                             "and labels, e.g. fit((x, y)) or fit(x, y), or a Dataset yielding (input, label); "
+                             "or override compute_loss / train_step") from None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss``, divided for gradient accumulation and scaled for float16 amp."""
@@ -241,6 +253,9 @@ class Trainer:
         """
         from . import loops, state
 
+        xy = keras_xy(train_data, eval_data, "fit")
+        if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
+            train_data, eval_data = xy, None
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -254,11 +269,15 @@ class Trainer:
         self.save_dir = Path(save_dir) if save_dir is not None else None
         pin = self.device.type == "cuda"
         train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        if train.length() == 0:
+            raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
+                             "nothing: use a smaller batch_size, drop_last=False, or more data")
         evaluation = None if eval_data is None else DataAdapter.build(eval_data, batch_size, False, False,
                                                                       num_workers, 0, pin, "eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
         cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
+        cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
         ckpt_dir = self.save_dir
         if ckpt_dir is None:
             from .model_checkpoint import ModelCheckpoint
@@ -284,6 +303,12 @@ class Trainer:
         """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
         from . import loops
 
+        if isinstance(batch_size, torch.Tensor):  # Keras' evaluate(x, y): the labels came in the batch_size slot
+            xy = keras_xy(eval_data, batch_size, "evaluate")
+            if xy is None:
+                raise TypeError(f"evaluate: batch_size must be a positive integer, got a tensor of shape "
+                                f"{tuple(batch_size.shape)}; pass labels as evaluate((x, y)) or evaluate(x, y)")
+            eval_data, batch_size = xy, 32
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self._prepare(training=False)
         data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")

@@ -12,7 +12,7 @@ into the checkpoint and a resumed run continues where it stopped.
 
 Built-ins: :class:`History` (added by ``fit``), :class:`ProgressBar`,
 :class:`ModelCheckpoint`, :class:`EarlyStopping`, :class:`Preemption`, :class:`LRScheduler`,
-:class:`CSVLogger`, :class:`TensorBoard`.
+:class:`CSVLogger`, :class:`TensorBoard`, :class:`TerminateOnNaN`.
 
 Example::
 
@@ -37,9 +37,11 @@ from .early_stopping import EarlyStopping
 from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
 from .progress import ProgressBar
+from .terminate_on_nan import NonFiniteLossError, TerminateOnNaN
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
-           "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks"]
+           "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "TerminateOnNaN", "NonFiniteLossError",
+           "atomic_write_text", "build_callbacks"]
 
 
 class LRScheduler(Callback):

@@ -13,9 +13,12 @@ batch (for ``predict`` in dataset order).
   cursor for positions and padding.
 * ``DataLoader`` with torch's ``DistributedSampler``: its padding is
   computed from torch's interleaved layout, so evaluation is still exact.
+* A plain ``DataLoader`` (sequential or shuffled) on several ranks: rebuilt
+  over a ``DistributedBatchSampler`` with the same batch size, shuffle and
+  drop_last (as Lightning does), so each rank takes its share.
 * Any other loader: used as is; it is taken to hold the *whole* data on every
-  rank (not sharded), and mid-epoch resume replays it (Note [resume replay]
-  in :mod:`fleetlite.trainer.state`).
+  rank (not sharded; a warning says so on several ranks), and mid-epoch
+  resume replays it (Note [resume replay] in :mod:`fleetlite.trainer.state`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,39 @@ def describe_sizes(adapter: DataAdapter) -> str:
     return ", ".join(parts)
 
 
+def _split_plain_loader(loader: DataLoader, seed: int, role: str) -> DataLoader | None:
+    """On several ranks, the same loader over a ``DistributedBatchSampler`` (Lightning does the same).
+
+    A plain ``DataLoader`` (sequential or shuffled, no distributed sampler) would otherwise give every rank
+    the whole data: each sample trained once per rank. Loaders with another sampler are kept as they are,
+    with a warning (once) that every rank reads all of it.
+    """
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    from ..distributed import collective
+    from ..io.sampler import DistributedBatchSampler
+    from ..utils.user_warning import warn_once
+
+    if collective.get_world_size() == 1 or not collective.is_initialized():
+        return None
+    plain = (type(loader.batch_sampler) is BatchSampler and type(loader.sampler) in (SequentialSampler, RandomSampler)
+             and not isinstance(loader.dataset, torch.utils.data.IterableDataset))
+    if not plain:
+        warn_once(f"unsplit-{role}", f"fleetlite: the {role} DataLoader has a custom sampler and no distributed "
+                                     f"one, so each of the {collective.get_world_size()} ranks reads all of it; "
+                                     "give it a fleetlite.io.DistributedBatchSampler (or torch's "
+                                     "DistributedSampler) to split it across ranks")
+        return None
+    sampler = DistributedBatchSampler(loader.dataset, loader.batch_size, shuffle=isinstance(loader.sampler,
+                                      RandomSampler), drop_last=loader.drop_last, seed=seed)
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context)
+    if loader.num_workers > 0:
+        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    return DataLoader(loader.dataset, batch_sampler=sampler, **kwargs)
+
+
 def _is_tensor_pipeline(data: Any) -> bool:
     return all(hasattr(data, a) for a in ("batch_sampler", "set_epoch", "num_valid", "state_dict")) \
         and not isinstance(data, DataLoader)
@@ -137,6 +173,9 @@ class DataAdapter:
                 return cls(data, bs, bs.nranks > 1, "loader")
             if isinstance(data.sampler, DistributedSampler):
                 return cls(data, None, data.sampler.num_replicas > 1, "torch_distributed")
+            split = _split_plain_loader(data, seed, role)
+            if split is not None:
+                return cls(split, split.batch_sampler, True, "loader")
             return cls(data, None, False, "loader")
         if isinstance(data, Dataset) or (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             if isinstance(data, torch.utils.data.IterableDataset):

@@ -137,6 +137,8 @@ def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     error = None
     if state is not None:
         try:
+            if latest:
+                check_finite(state["model"], path)
             save_checkpoint(state, path, latest=latest)
         except CheckpointError as e:
             error = e.problem
@@ -147,6 +149,17 @@ def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     if error is not None:
         raise CheckpointError(path, f"saving failed on rank 0: {error}")
     return path
+
+
+def check_finite(weights: dict[str, Any], path: Path) -> None:
+    """Refuse (``CheckpointError``) weights holding NaN/inf: such a checkpoint never replaces ``latest.pt``."""
+    bad = [k for k, v in weights.items()
+           if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(path, f"not written: non-finite weights (NaN/inf) in {bad[:5]}"
+                                    f"{' ...' if len(bad) > 5 else ''}; training diverged, and latest.pt keeps "
+                                    "pointing at the last finite checkpoint. Add fleetlite.callbacks.TerminateOnNaN "
+                                    "to stop at the first non-finite loss; try a lower learning rate")
 
 
 def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ..utils.atomic import atomic_open, fsync_dir, temp_name
+from ..utils.user_warning import warn_user
 
 __all__ = [
     "CheckpointError",
@@ -320,11 +321,11 @@ def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[st
             problems.append(f"{p.name}: {e.problem}")
             continue
         if problems and warn:
-            warnings.warn(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
-                          f"falling back to {p.name}", stacklevel=2)
+            warn_user(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
+                          f"falling back to {p.name}")
         return p
     if problems and warn:
-        warnings.warn(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})", stacklevel=2)
+        warn_user(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})")
     return None
 
 

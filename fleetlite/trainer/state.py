@@ -28,12 +28,12 @@ loaders (``num_workers=0``) at the same world size.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..utils.user_warning import warn_user
 from .checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -44,7 +44,7 @@ from .checkpoint import (
 )
 
 __all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "load_weights", "check_optimizer", "optimizer_name", "REQUIRED"]
+           "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -178,6 +178,22 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
     return path
 
 
+def warn_if_overwriting(directory: str | Path | None) -> None:
+    """Warn (rank 0) when a fresh run is about to overwrite the checkpoints an earlier run left in ``directory``."""
+    from ..distributed import collective
+    from .checkpoint import LATEST, list_checkpoints
+
+    if directory is None or collective.get_rank() != 0:
+        return
+    directory = Path(directory)
+    found = [p.name for p in list_checkpoints(directory)] + ([LATEST] if (directory / LATEST).exists() else [])
+    if found:
+        shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
+        warn_user(f"fleetlite: {directory} already holds the checkpoints of an earlier run ({shown}); this fresh "
+                  "run overwrites them as it saves. Continue that run with fit(..., resume='latest'), use another "
+                  "save_dir, or pass resume=False to start afresh deliberately (no warning)")
+
+
 def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
     """The checkpoint file to resume from (decided on rank 0, the same on every rank) or None.
 
@@ -250,9 +266,9 @@ def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[
         entry = ranks[rank]
         return entry, entry["train_accum"]
     if rank == 0:
-        warnings.warn(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
+        warn_user(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
                       "sample of the epoch is still seen once, but random streams (and so results) differ from "
-                      "an uninterrupted run", stacklevel=3)
+                      "an uninterrupted run")
     entry = ranks[rank % saved_world]
     if rank != 0:
         return entry, {"loss_sum": 0.0, "count": 0, "metrics": None}
@@ -326,8 +342,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
         if bad:
-            warnings.warn(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}",
-                          stacklevel=3)
+            warn_user(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}")
         own.update({k: v for k, v in weights.items() if k not in bad})
         weights = own
     try:

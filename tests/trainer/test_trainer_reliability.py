@@ -204,6 +204,45 @@ def test_checkpoint_without_optimizer_class_is_checked_by_its_hyperparameters(tm
         sgd.fit(dataset(40), epochs=2, batch_size=8, verbose=0, resume=tmp_path / "old.pt")
 
 
+# -- 19: a fresh run into the save_dir of an earlier one ---------------------------------------------------------
+def test_a_fresh_run_into_an_earlier_runs_save_dir_warns(tmp_path):
+    trainer().fit(dataset(24), epochs=1, batch_size=8, verbose=0, save_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"already holds the checkpoints of an earlier run \(epoch-0000.pt, "
+                                         r"latest.pt\).*resume='latest'") as rec:
+        trainer().fit(dataset(24), epochs=1, batch_size=8, verbose=0, save_dir=tmp_path)
+    assert rec[0].filename == __file__  # points at the user's fit call, not inside fleetlite
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer().fit(dataset(24), epochs=1, batch_size=8, verbose=0, save_dir=tmp_path, resume=False)
+        trainer().fit(dataset(24), epochs=2, batch_size=8, verbose=0, save_dir=tmp_path, resume="latest")
+
+
+def test_lr_scheduler_stepped_before_the_optimizer_on_resume_is_silent():
+    """Issue 12 item 8(b): the filter for torch's order heuristic is a regex; it must match torch's message."""
+    net = mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    cb = fleetlite.callbacks.LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 1))
+    # a run resumed at an epoch end steps the scheduler before its first optimizer step: right, as resumed
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        cb.on_epoch_end(0, {})
+        torch.optim.lr_scheduler.StepLR(torch.optim.SGD(net.parameters(), lr=0.1), 1).step()  # torch does warn
+    assert [str(w.message)[:40] for w in rec] == ["Detected call of `lr_scheduler.step()` b"]
+
+
+# -- 17: AMP on a CPU device ---------------------------------------------------------------------------------
+def test_amp_on_a_cpu_warns_once_with_the_measured_reason():
+    from fleetlite.utils import user_warning
+
+    user_warning._SEEN.discard("cpu-amp")
+    amp = {"amp": True, "amp_configs": {"dtype": "bfloat16"}}
+    with pytest.warns(UserWarning, match=r"strategy.amp is on with a CPU device.*617 ms.*82 ms") as rec:
+        trainer(strategy=amp).fit(dataset(16), epochs=1, batch_size=8, verbose=0)
+        trainer(strategy=amp).fit(dataset(16), epochs=1, batch_size=8, verbose=0)
+    assert len([w for w in rec if "strategy.amp" in str(w.message)]) == 1
+    assert rec[0].filename == __file__
+
+
 def test_no_warning_from_fleetlite_in_a_plain_fit():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

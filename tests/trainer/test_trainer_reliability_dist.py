@@ -75,6 +75,26 @@ def test_plain_dataloader_on_two_ranks_gets_a_distributed_sampler(shuffle):
     assert ev0 == ev1 and p0.shape == (21, 3) and torch.equal(p0, p1)
 
 
+def _custom_sampler(rank, world):
+    import warnings
+
+    from torch.utils.data import SubsetRandomSampler
+
+    t = bn_trainer()
+    loader = DataLoader(dataset(20), batch_size=5, sampler=SubsetRandomSampler(range(20)))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        t.fit(loader, epochs=2, verbose=0)
+    return [str(w.message) for w in rec], t.global_step
+
+
+@pytest.mark.timeout(240)
+def test_a_loader_with_a_custom_sampler_is_kept_with_one_warning():
+    for messages, steps in run_ranks(_custom_sampler, world_size=2, timeout=200):
+        assert steps == 8  # the whole loader on each rank: 4 batches, 2 epochs
+        assert len(messages) == 1 and "custom sampler and no distributed one" in messages[0], messages
+
+
 # -- 15: a non-finite loss stops every rank at the same step; latest.pt never gets non-finite weights --------
 class _PoisonOnRank1(TensorDataset):
     """Sample 15 is NaN: it lands on rank 1 only (Paddle's layout, no shuffle, batch 2: its 4th batch)."""

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-__all__ = ["DataAdapter", "batch_length", "to_device", "keras_xy"]
+__all__ = ["DataAdapter", "batch_length", "to_device", "keras_xy", "keras_evaluate_args", "describe_sizes"]
 
 
 def batch_length(batch: Any) -> int:
@@ -71,6 +71,20 @@ def keras_xy(x: Any, y: Any, call: str) -> tuple[torch.Tensor, torch.Tensor] | N
                          f"and labels need the same first dimension (one label per sample); or pass the data as "
                          f"one argument: {call}((x, y))")
     return x, y
+
+
+def keras_evaluate_args(data: Any, batch_size: Any) -> tuple[Any, Any]:
+    """``(data, batch_size)`` of ``evaluate``, recognising Keras' ``evaluate(x, y)`` (labels in the batch_size slot).
+
+    A tensor there that is not ``x``'s labels is a short ``TypeError`` (not the whole tensor printed).
+    """
+    if not isinstance(batch_size, torch.Tensor):
+        return data, batch_size
+    xy = keras_xy(data, batch_size, "evaluate")
+    if xy is None:
+        raise TypeError(f"evaluate: batch_size must be a positive integer, got a tensor of shape "
+                        f"{tuple(batch_size.shape)}; pass labels as evaluate((x, y)) or evaluate(x, y)")
+    return xy, 32
 
 
 def describe_sizes(adapter: DataAdapter) -> str:

@@ -20,23 +20,10 @@ from torch import nn
 
 from .callback_base import Callback, CallbackList, History
 from .connector import Connector, check_positive, plain_config
-from .data_adapter import DataAdapter, describe_sizes, keras_xy
+from .data_adapter import DataAdapter, describe_sizes, keras_evaluate_args, keras_xy
 from .metrics import Metric
 
-__all__ = ["Trainer", "warn_cpu_amp"]
-
-#: Why AMP on a CPU is warned about: issue 13's measurement (quick-start CNN, batch 32, 2-core CPU, torch 2.14).
-CPU_AMP_NOTE = ("bfloat16 autocast on a CPU without fast bf16 kernels is usually slower than float32: the "
-                "quick-start CNN measured 617 ms a step against 82 ms in float32 (7.5x) on a 2-core CPU")
-
-
-def warn_cpu_amp(strategy: Any, device: torch.device) -> None:
-    """Warn once per process when the strategy turns AMP on for a CPU device (see ``CPU_AMP_NOTE``)."""
-    if strategy is not None and getattr(strategy, "amp", False) and device.type == "cpu":
-        from ..utils.user_warning import warn_once
-
-        warn_once("cpu-amp", f"fleetlite: strategy.amp is on with a CPU device; {CPU_AMP_NOTE}. Use amp on GPUs, "
-                             "or set strategy.amp=False (recipes: drop strategy=amp_bf16) unless you measured a gain")
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -154,6 +141,8 @@ class Trainer:
         if self.parallel_network is None:
             self._connector.start()
             self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
+            from .cpu_amp import warn_cpu_amp
+
             warn_cpu_amp(self.strategy, self.device)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
             self._accumulate = self._connector.accumulate
@@ -263,8 +252,8 @@ class Trainer:
         falling back with a warning), ``"auto"`` (same, or a fresh start), a
         checkpoint file, or a directory; ``None`` starts fresh and warns when
         ``save_dir`` already holds an earlier run's checkpoints (they get
-        overwritten), ``False`` starts fresh without a word. Everything is restored, mid-epoch
-        included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
+        overwritten), ``False`` starts fresh without a word. Everything is
+        restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
         total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
         """
         from . import loops, state
@@ -321,12 +310,7 @@ class Trainer:
         """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
         from . import loops
 
-        if isinstance(batch_size, torch.Tensor):  # Keras' evaluate(x, y): the labels came in the batch_size slot
-            xy = keras_xy(eval_data, batch_size, "evaluate")
-            if xy is None:
-                raise TypeError(f"evaluate: batch_size must be a positive integer, got a tensor of shape "
-                                f"{tuple(batch_size.shape)}; pass labels as evaluate((x, y)) or evaluate(x, y)")
-            eval_data, batch_size = xy, 32
+        eval_data, batch_size = keras_evaluate_args(eval_data, batch_size)  # Keras' evaluate(x, y)
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self._prepare(training=False)
         data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")

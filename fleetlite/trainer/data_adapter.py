@@ -252,6 +252,9 @@ class DataAdapter:
                     "evaluated; use drop_last=False for evaluation data")
         if self.kind == "torch_distributed" and self.loader.sampler.drop_last:
             return "its DistributedSampler has drop_last=True, so some samples are never evaluated"
+        if self.kind == "loader" and getattr(self.loader, "drop_last", False):
+            return ("the DataLoader drops the last incomplete batch (drop_last=True), so some samples are never "
+                    "evaluated; use drop_last=False for evaluation data")
         return None
 
     # -- position ------------------------------------------------------------------------------------------------

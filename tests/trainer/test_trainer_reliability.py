@@ -59,6 +59,15 @@ def test_fit_on_data_without_a_single_batch_is_refused_before_training(make):
     assert t.global_step == 0
 
 
+def test_evaluation_data_that_drops_its_last_batch_is_refused():
+    """Found beyond the issue's list: a plain DataLoader(drop_last=True) as eval_data skipped samples silently."""
+    loader = DataLoader(dataset(10), batch_size=3, drop_last=True)
+    with pytest.raises(ValueError, match=r"drops the last incomplete batch \(drop_last=True\)"):
+        trainer().fit(dataset(8), eval_data=loader, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="drop_last=False for evaluation data"):
+        trainer().evaluate(loader, verbose=0)
+
+
 # -- 7: Keras' fit(x, y), fit(x), evaluate(x, y) ----------------------------------------------------------------
 def test_keras_style_fit_x_y_trains_like_fit_on_the_tuple():
     x, y = xy(40)

@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import fleetlite
+from fleetlite.callbacks import NonFiniteLossError
 from fleetlite.distributed import CollectiveError
 from fleetlite.recipe.build import (
     build_callbacks,
@@ -31,10 +32,13 @@ from fleetlite.recipe.build import (
     build_optimizer,
     build_scheduler,
     build_strategy,
+    check_recompute,
     optimizer_steps_per_epoch,
 )
 from fleetlite.recipe.preflight import fail, prepare_cli
+from fleetlite.recipe.preflight import rank as run_rank
 from fleetlite.recipe.run import exit_if_preempted, finish_run, start_run
+from fleetlite.recipe.runlog import log_failure
 from fleetlite.recipe.validate import ConfigError
 from fleetlite.trainer.checkpoint import CheckpointError
 
@@ -51,6 +55,7 @@ def train(cfg: DictConfig) -> float:
     # 3. model
     model = build_model(cfg.model, num_classes=len(data.classes), whitening_images=data.whitening_images,
                         channels_last=cfg.data.channels_last)
+    check_recompute(cfg.strategy, model)  # recompute names must be submodules of this model
 
     # 4. strategy (a fleet.DistributedStrategy), optimizer and learning-rate schedule
     strategy = build_strategy(cfg.strategy)
@@ -87,6 +92,11 @@ def main(cfg: DictConfig) -> float:
         fail(str(e), status=1)
     except CollectiveError as e:  # a rank was lost: each survivor's diagnosis on one line, exit 1
         fail(str(e), status=1, every_rank=True)
+    except NonFiniteLossError as e:  # the loss diverged: every rank stopped at the same step, exit 1
+        fail(str(e), status=1)
+    except Exception as e:  # anything else: one line per failing rank here, the full traceback in the run log
+        log = log_failure(e, run_rank())
+        fail(f"{type(e).__name__}: {e}" + (f" (traceback in {log})" if log else ""), status=1, every_rank=True)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,33 @@ def clean_dist_env(monkeypatch):
     yield monkeypatch
     os.environ.clear()
     os.environ.update(saved)
+
+
+def pytest_configure(config):
+    """Scale every timeout with the machine's load (Note [test timeouts])
+
+    # Note [test timeouts]
+    Timeouts are there to turn a hang into a failure, not to time anything. On a busy 2-core CI machine a
+    correct multi-process test runs several times slower than alone, so every timeout (pytest-timeout's
+    markers and ini value, run_ranks/run_launch) is multiplied by FLEETLITE_TEST_TIMEOUT_SCALE, which
+    defaults to 2, or to the load per core at start when that is higher.
+    """
+    if "FLEETLITE_TEST_TIMEOUT_SCALE" not in os.environ:
+        try:
+            load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        except OSError:
+            load = 0.0
+        os.environ["FLEETLITE_TEST_TIMEOUT_SCALE"] = f"{max(2.0, load):.2f}"
+
+
+def pytest_collection_modifyitems(config, items):
+    from fleetlite.testing import timeout_scale
+
+    scale = timeout_scale()
+    base = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0] if marker and marker.args else marker.kwargs.get("timeout", base)
+                        if marker else base)
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(seconds * scale), append=False)

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
 __all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
-           "build_scheduler", "build_strategy", "build_callbacks", "optimizer_steps_per_epoch", "METRICS_FILE",
+           "build_scheduler", "build_strategy", "build_callbacks", "check_recompute", "optimizer_steps_per_epoch",
+           "METRICS_FILE",
            "PLOT_FILE"]
 
 METRICS_FILE = "metrics.csv"
@@ -217,6 +218,19 @@ def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: i
     return None if factor is None else torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """With ``strategy.recompute``, every name in ``recompute_configs.checkpoints`` must be a submodule."""
+    if not cfg.recompute:
+        return
+    from fleetlite.distributed.fleet.checkpointing import resolve_checkpoints
+
+    try:
+        resolve_checkpoints(model, list(cfg.recompute_configs.checkpoints))
+    except (KeyError, ValueError, TypeError) as e:
+        text = e.args[0] if e.args else str(e)
+        raise ConfigError(f"strategy.recompute_configs.checkpoints: {text}") from None
+
+
 def build_strategy(cfg: DictConfig):
     """The ``fleet.DistributedStrategy`` the ``strategy`` group describes."""
     from fleetlite.distributed.fleet import DistributedStrategy
@@ -225,16 +239,19 @@ def build_strategy(cfg: DictConfig):
 
 
 def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> list:
-    """The LR schedule, early stopping, metrics.csv, TensorBoard, checkpoints/ and pre-emption, as configured.
+    """The run log's epoch lines, the LR schedule, early stopping, metrics.csv, TensorBoard, the non-finite loss
+    guard, checkpoints/ and pre-emption, as configured.
 
     Paths are absolute, inside ``run_dir``. The progress bar is the Trainer's
     own (``fit(verbose=1)``, rank 0 only).
     """
     from fleetlite import callbacks as cb
 
+    from .runlog import EpochLog
+
     c = cfg.callbacks
     run_dir = Path(run_dir).resolve()
-    out: list = []
+    out: list = [EpochLog()]  # the epoch metrics in the run log
     if scheduler is not None:
         out.append(cb.LRScheduler(scheduler, by_step=True))
     if c.early_stopping.enabled:
@@ -248,6 +265,8 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
         out.append(cb.ModelCheckpoint(str(run_dir / CHECKPOINT_SUBDIR), save_freq=int(cfg.save_freq),
                                       save_steps=cfg.save_steps, keep_last=cfg.keep_last,
                                       async_save=bool(cfg.async_save)))
+    if c.terminate_on_nan:  # before ModelCheckpoint runs its saves: a non-finite step is never saved
+        out.append(cb.TerminateOnNaN())
     if c.preemption:  # SIGTERM: all ranks stop after the same step; ModelCheckpoint writes the last state
         out.append(cb.Preemption(save_dir=str(run_dir / CHECKPOINT_SUBDIR)))
     return out

@@ -75,7 +75,7 @@ def plot_training_curves(csv_path: str | os.PathLike, png_path: str | os.PathLik
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    xs = [e + 1 for e in epochs]  # epochs are counted from 0 in the logs, shown from 1
+    xs = list(epochs)  # numbered from 0, as in metrics.csv, checkpoint names and the progress bar
     fig = Figure(figsize=(10, 4), dpi=100)
     for i, (name, train_keys, val_keys) in enumerate(_PANELS):
         ax = fig.add_subplot(1, 2, i + 1)

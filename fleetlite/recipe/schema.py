@@ -220,6 +220,7 @@ class CallbacksConfig:
     checkpoint: bool = True      # checkpoints/ in the run directory (needed for resume)
     preemption: bool = True      # on SIGTERM: all ranks stop after the same step, checkpoint, exit 143
     tensorboard: bool = False    # needs the tensorboard package
+    terminate_on_nan: bool = True  # a non-finite loss stops every rank at the same step (exit 1, one line)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
 

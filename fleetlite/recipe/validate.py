@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import math
 import os
 import uuid
@@ -123,6 +124,9 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
     for key in ("save_steps", "keep_last"):
         _need(t[key] is None or t[key] >= 1, f"trainer.{key}={t[key]} must be at least 1 (or null)")
     _need(0 <= t.label_smoothing < 1, f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    _need(not t.callbacks.tensorboard or _importable("tensorboard"),
+          "trainer.callbacks.tensorboard=true needs the tensorboard package, which is not installed: "
+          "pip install tensorboard (or 'fleetlite[tensorboard]'), or drop the override")
     es = t.callbacks.early_stopping
     _need(es.patience >= 1, f"trainer.callbacks.early_stopping.patience={es.patience} must be at least 1")
     # schedule
@@ -167,6 +171,7 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
     """The checkpoint ``resume`` names: None, the newest one in ``run_dir/checkpoints`` ("latest"; "auto" is the
     same but starts afresh when there is none yet), or a path."""
     if resume is None or str(resume).strip() == "":
+        _refuse_overwrite(Path(run_dir) / CHECKPOINT_SUBDIR)
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
@@ -190,6 +195,26 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
         raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
                           "resume=latest with run_dir=<the earlier run>")
     return path
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _refuse_overwrite(ckpt_dir: Path) -> None:
+    """A fresh run (no ``resume=``) must not overwrite the checkpoints of an earlier run in the same run_dir."""
+    from fleetlite.trainer.checkpoint import LATEST, list_checkpoints
+
+    found = [p.name for p in list_checkpoints(ckpt_dir)] + ([LATEST] if (ckpt_dir / LATEST).exists() else [])
+    if found:
+        shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
+        raise ConfigError(f"run_dir={ckpt_dir.parent} already holds the checkpoints of an earlier run ({shown}) "
+                          f"and a fresh run would overwrite them: continue it with resume=latest (or resume=auto), "
+                          f"or start afresh in another run_dir (or delete {ckpt_dir})")
 
 
 def check_restartable(resume: str | None, raw_run_dir: str, environ: dict[str, str] | None = None) -> str | None:

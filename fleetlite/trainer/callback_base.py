@@ -5,9 +5,10 @@ Public through :mod:`fleetlite.callbacks`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
+
+from ..utils.user_warning import warn_user
 
 __all__ = ["Callback", "CallbackList", "History", "HOOKS", "is_rank_zero"]
 
@@ -152,12 +153,11 @@ class CallbackList:
             if k in state:
                 cb.load_state_dict(state[k])
             elif cb.state_dict():
-                warnings.warn(f"fleetlite: the checkpoint has no state for callback {k}; it starts fresh",
-                              stacklevel=3)
+                warn_user(f"fleetlite: the checkpoint has no state for callback {k}; it starts fresh")
         extra = sorted(k for k in set(state) - set(keys) if state[k])
         if extra:
-            warnings.warn(f"fleetlite: the checkpoint holds state for callbacks not passed to fit: {extra}; "
-                          "ignored", stacklevel=3)
+            warn_user(f"fleetlite: the checkpoint holds state for callbacks not passed to fit: {extra}; "
+                          "ignored")
 
     def _call(self, hook: str, *args) -> None:
         for cb in self.callbacks:

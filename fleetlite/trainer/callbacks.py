@@ -12,7 +12,7 @@ into the checkpoint and a resumed run continues where it stopped.
 
 Built-ins: :class:`History` (added by ``fit``), :class:`ProgressBar`,
 :class:`ModelCheckpoint`, :class:`EarlyStopping`, :class:`Preemption`, :class:`LRScheduler`,
-:class:`CSVLogger`, :class:`TensorBoard`.
+:class:`CSVLogger`, :class:`TensorBoard`, :class:`TerminateOnNaN`.
 
 Example::
 
@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,11 @@ from .early_stopping import EarlyStopping
 from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
 from .progress import ProgressBar
+from .terminate_on_nan import NonFiniteLossError, TerminateOnNaN
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
-           "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks"]
+           "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "TerminateOnNaN", "NonFiniteLossError",
+           "atomic_write_text", "build_callbacks"]
 
 
 class LRScheduler(Callback):
@@ -74,7 +77,7 @@ class LRScheduler(Callback):
         with warnings.catch_warnings():
             # a resumed run may reach an epoch end before its first optimizer step: the order is right, torch's
             # heuristic ("lr_scheduler.step() before optimizer.step()") does not know about resuming
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self._step_now(logs)
 
     def _step_now(self, logs):

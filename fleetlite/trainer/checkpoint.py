@@ -36,6 +36,7 @@ import pickle
 import random
 import re
 import shutil
+import struct
 import uuid
 import warnings
 import zipfile
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 from ..utils.atomic import atomic_open, fsync_dir, temp_name
+from ..utils.user_warning import warn_user
 
 __all__ = [
     "CheckpointError",
@@ -127,12 +129,29 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: b
     try:
         with atomic_open(path, "wb") as f:  # Note [atomic write]
             torch.save(payload, f)
-    except OSError as e:
-        raise CheckpointError(path, f"writing failed ({e.strerror or e}); the previous checkpoint, if any, is "
+    except (OSError, RuntimeError) as e:
+        # a real failed write (disk full, file-size limit) surfaces from torch's zip writer as a RuntimeError
+        # ("[enforce fail at inline_container.cc] unexpected pos"), the OSError being its context
+        raise CheckpointError(path, f"writing failed ({_write_error(e)}); the previous checkpoint, if any, is "
                                     "unchanged. Free disk space or choose a writable save_dir") from e
     if latest:
         atomic_alias(path, path.parent / LATEST)
     return path
+
+
+def _write_error(e: BaseException) -> str:
+    """The OS reason of a failed write: the ``OSError`` itself or the one behind torch's zip-writer error."""
+    seen = e
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__context__ or seen.__cause__
+    if isinstance(seen, OSError):
+        return seen.strerror or str(seen)
+    return _first_line(e)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -222,17 +241,25 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         if bad is not None:
             raise CheckpointError(path, f"corrupted: record {bad!r} fails its CRC check (the file was damaged "
                                         "after it was written); use an older checkpoint")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(path, "unreadable (0 bytes): empty, a write that never completed; use an older "
+                                    "checkpoint")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        if not _needs_globals(e):  # not a pickle at all (an invalid opcode): garbage, not an unsafe file
+            raise CheckpointError(path, f"unreadable ({size} bytes): not a checkpoint or corrupted "
+                                        f"({_unpickling_detail(e)}); use an older checkpoint") from None
         raise CheckpointError(path, "refused: loading it needs arbitrary unpickling (it holds Python objects other "
                                     "than tensors and plain values, which could run code), so it was not loaded. "
                                     "If you trust its origin, load it yourself with torch.load(path, "
                                     f"weights_only=False). Detail: {_unpickling_detail(e)}") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
-        size = path.stat().st_size
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, IndexError, KeyError, TypeError,
+            AttributeError, struct.error, UnicodeDecodeError, MemoryError) as e:
+        # a damaged file breaks torch's reader in many ways (IndexError, struct.error, KeyError, ...)
         raise CheckpointError(path, f"unreadable ({size} bytes): truncated or corrupted "
-                                    f"({str(e).splitlines()[0]}); use an older checkpoint") from e
+                                    f"({type(e).__name__}: {_first_line(e)}); use an older checkpoint") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         kind = type(state).__name__ if not isinstance(state, dict) else "a dict without the fleetlite format marker"
         raise CheckpointError(path, f"not a fleetlite checkpoint (found {kind}); write one with save_checkpoint "
@@ -244,6 +271,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
     if missing:
         raise CheckpointError(path, f"incompatible: lacks {missing}; it was not written by Trainer checkpointing")
     return state
+
+
+def _needs_globals(e: Exception) -> bool:
+    """Whether torch's safe unpickler refused a class/function (a real unsafe file), not a garbage byte."""
+    text = str(e)
+    return "global" in text.lower() or "Unsupported class" in text or "allowlist" in text
 
 
 def _unpickling_detail(e: Exception) -> str:
@@ -288,11 +321,11 @@ def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[st
             problems.append(f"{p.name}: {e.problem}")
             continue
         if problems and warn:
-            warnings.warn(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
-                          f"falling back to {p.name}", stacklevel=2)
+            warn_user(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
+                          f"falling back to {p.name}")
         return p
     if problems and warn:
-        warnings.warn(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})", stacklevel=2)
+        warn_user(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})")
     return None
 
 

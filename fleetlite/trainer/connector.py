@@ -17,6 +17,8 @@ optimizer does not merge a second time.
 from __future__ import annotations
 
 import copy
+import re
+import warnings
 from typing import Any
 
 import torch
@@ -112,7 +114,9 @@ class Connector:
             self.accumulate = int(run.gradient_merge_configs["k_steps"])
             self.accumulate_avg = bool(run.gradient_merge_configs["avg"])
             run.gradient_merge = False
-        fleet.init(is_collective=True, strategy=run)
+        with warnings.catch_warnings():  # one process is a normal Trainer run, not a launch mistake: no warning
+            warnings.filterwarnings("ignore", message=re.escape("fleetlite: world size is 1"))
+            fleet.init(is_collective=True, strategy=run)
         _trainer_set_strategy["dict"] = run.to_dict()
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
             from ..distributed.env import ParallelEnv

@@ -13,9 +13,12 @@ batch (for ``predict`` in dataset order).
   cursor for positions and padding.
 * ``DataLoader`` with torch's ``DistributedSampler``: its padding is
   computed from torch's interleaved layout, so evaluation is still exact.
+* A plain ``DataLoader`` (sequential or shuffled) on several ranks: rebuilt
+  over a ``DistributedBatchSampler`` with the same batch size, shuffle and
+  drop_last (as Lightning does), so each rank takes its share.
 * Any other loader: used as is; it is taken to hold the *whole* data on every
-  rank (not sharded), and mid-epoch resume replays it (Note [resume replay]
-  in :mod:`fleetlite.trainer.state`).
+  rank (not sharded; a warning says so on several ranks), and mid-epoch
+  resume replays it (Note [resume replay] in :mod:`fleetlite.trainer.state`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-__all__ = ["DataAdapter", "batch_length", "to_device"]
+__all__ = ["DataAdapter", "batch_length", "to_device", "keras_xy", "keras_evaluate_args", "describe_sizes"]
 
 
 def batch_length(batch: Any) -> int:
@@ -54,6 +57,87 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
+
+
+def keras_xy(x: Any, y: Any, call: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(x, y)`` when ``call(x, y)`` is Keras' layout (inputs and labels as two tensors), else None.
+
+    Raises a short ``ValueError`` when both are tensors whose first dimensions differ.
+    """
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return None
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"{call}(x, y) with x of shape {tuple(x.shape)} and y of shape {tuple(y.shape)}: inputs "
+                         f"and labels need the same first dimension (one label per sample); or pass the data as "
+                         f"one argument: {call}((x, y))")
+    return x, y
+
+
+def keras_evaluate_args(data: Any, batch_size: Any) -> tuple[Any, Any]:
+    """``(data, batch_size)`` of ``evaluate``, recognising Keras' ``evaluate(x, y)`` (labels in the batch_size slot).
+
+    A tensor there that is not ``x``'s labels is a short ``TypeError`` (not the whole tensor printed).
+    """
+    if not isinstance(batch_size, torch.Tensor):
+        return data, batch_size
+    xy = keras_xy(data, batch_size, "evaluate")
+    if xy is None:
+        raise TypeError(f"evaluate: batch_size must be a positive integer, got a tensor of shape "
+                        f"{tuple(batch_size.shape)}; pass labels as evaluate((x, y)) or evaluate(x, y)")
+    return xy, 32
+
+
+def describe_sizes(adapter: DataAdapter) -> str:
+    """``"5 samples, batch size 8 per rank, 1 rank, drop_last=True"`` (what is known of them)."""
+    owner = adapter.sampler if adapter.sampler is not None else adapter.loader
+    parts = []
+    for obj in (owner, getattr(owner, "dataset", None), adapter.loader):
+        dataset = getattr(obj, "dataset", None)
+        if dataset is not None and hasattr(dataset, "__len__"):
+            parts.append(f"{len(dataset)} samples")
+            break
+    bs = getattr(owner, "batch_size", None) or getattr(adapter.loader, "batch_size", None)
+    if bs:
+        parts.append(f"batch size {bs} per rank")
+    ranks = getattr(owner, "nranks", None) or getattr(owner, "num_replicas", None) or 1
+    parts.append(f"{ranks} rank{'s' if ranks != 1 else ''}")
+    drop = getattr(owner, "drop_last", getattr(adapter.loader, "drop_last", None))
+    if drop is not None:
+        parts.append(f"drop_last={drop}")
+    return ", ".join(parts)
+
+
+def _split_plain_loader(loader: DataLoader, seed: int, role: str) -> DataLoader | None:
+    """On several ranks, the same loader over a ``DistributedBatchSampler`` (Lightning does the same).
+
+    A plain ``DataLoader`` (sequential or shuffled, no distributed sampler) would otherwise give every rank
+    the whole data: each sample trained once per rank. Loaders with another sampler are kept as they are,
+    with a warning (once) that every rank reads all of it.
+    """
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    from ..distributed import collective
+    from ..io.sampler import DistributedBatchSampler
+    from ..utils.user_warning import warn_once
+
+    if collective.get_world_size() == 1 or not collective.is_initialized():
+        return None
+    plain = (type(loader.batch_sampler) is BatchSampler and type(loader.sampler) in (SequentialSampler, RandomSampler)
+             and not isinstance(loader.dataset, torch.utils.data.IterableDataset))
+    if not plain:
+        warn_once(f"unsplit-{role}", f"fleetlite: the {role} DataLoader has a custom sampler and no distributed "
+                                     f"one, so each of the {collective.get_world_size()} ranks reads all of it; "
+                                     "give it a fleetlite.io.DistributedBatchSampler (or torch's "
+                                     "DistributedSampler) to split it across ranks")
+        return None
+    sampler = DistributedBatchSampler(loader.dataset, loader.batch_size, shuffle=isinstance(loader.sampler,
+                                      RandomSampler), drop_last=loader.drop_last, seed=seed)
+    kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                  timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                  multiprocessing_context=loader.multiprocessing_context)
+    if loader.num_workers > 0:
+        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    return DataLoader(loader.dataset, batch_sampler=sampler, **kwargs)
 
 
 def _is_tensor_pipeline(data: Any) -> bool:
@@ -103,6 +187,9 @@ class DataAdapter:
                 return cls(data, bs, bs.nranks > 1, "loader")
             if isinstance(data.sampler, DistributedSampler):
                 return cls(data, None, data.sampler.num_replicas > 1, "torch_distributed")
+            split = _split_plain_loader(data, seed, role)
+            if split is not None:
+                return cls(split, split.batch_sampler, True, "loader")
             return cls(data, None, False, "loader")
         if isinstance(data, Dataset) or (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
             if isinstance(data, torch.utils.data.IterableDataset):
@@ -165,6 +252,9 @@ class DataAdapter:
                     "evaluated; use drop_last=False for evaluation data")
         if self.kind == "torch_distributed" and self.loader.sampler.drop_last:
             return "its DistributedSampler has drop_last=True, so some samples are never evaluated"
+        if self.kind == "loader" and getattr(self.loader, "drop_last", False):
+            return ("the DataLoader drops the last incomplete batch (drop_last=True), so some samples are never "
+                    "evaluated; use drop_last=False for evaluation data")
         return None
 
     # -- position ------------------------------------------------------------------------------------------------

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
+from ..utils.user_warning import warn_user
 from .callback_base import Callback, is_rank_zero
 
-__all__ = ["EarlyStopping", "resolve_mode"]
+__all__ = ["EarlyStopping", "resolve_mode", "missing_monitor"]
 
 
 def resolve_mode(mode: str, monitor: str) -> str:
@@ -19,6 +19,16 @@ def resolve_mode(mode: str, monitor: str) -> str:
         return mode
     name = monitor.lower()
     return "max" if any(s in name for s in ("acc", "auc", "precision", "recall", "f1")) else "min"
+
+
+def missing_monitor(monitor: str, logs: dict[str, Any] | None, params: dict[str, Any] | None = None) -> bool:
+    """True when ``monitor`` is not in epoch ``logs`` although it should be; an epoch that was simply not
+    evaluated (``params["eval_freq"]`` set, no ``val_*`` value in its logs) does not count."""
+    logs = logs or {}
+    if monitor in logs:
+        return False
+    evaluated = any(k.startswith("val_") for k in logs)
+    return not (monitor.startswith("val_") and not evaluated and (params or {}).get("eval_freq"))
 
 
 class EarlyStopping(Callback):
@@ -73,9 +83,9 @@ class EarlyStopping(Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         if self.monitor not in logs:
-            if not self._warned:
-                warnings.warn(f"EarlyStopping: monitor {self.monitor!r} is not in the epoch logs (available: "
-                              f"{sorted(logs)}); pass eval_data to fit for val_* values", stacklevel=2)
+            if not self._warned and missing_monitor(self.monitor, logs, self.params):
+                warn_user(f"EarlyStopping: monitor {self.monitor!r} is not in the epoch logs (available: "
+                          f"{sorted(logs)}); pass one of those, or eval_data to fit for val_* values")
                 self._warned = True
             return
         if epoch < self.start_from_epoch:

@@ -19,7 +19,7 @@ from .data_adapter import DataAdapter, batch_length
 from .metrics import reduce_sums
 from .state import rank_entry, restore_rng
 
-__all__ = ["run_fit", "run_evaluate", "run_predict", "metric_logs"]
+__all__ = ["run_fit", "run_evaluate", "run_predict", "metric_logs", "sync_buffers"]
 
 
 def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
@@ -62,6 +62,23 @@ def _epoch_logs(t, reduce: bool) -> dict[str, Any]:
     logs = {"loss": float(extra[0] / max(extra[1].item(), 1.0))}
     logs.update(metric_logs(t.metrics))
     return logs
+
+
+def sync_buffers(t) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics...), the ones a checkpoint holds (collective).
+
+    Note [agreed buffers]: the data-parallel engine broadcasts buffers before each training forward (as DDP
+    does), so after the last step every rank's buffers reflect its own last batch. Evaluation, prediction and
+    the end of ``fit`` first take rank 0's, so every rank evaluates the model that is saved.
+    """
+    from ..distributed import collective
+    from ..parallel.comm import broadcast_coalesced
+
+    if collective.get_world_size() == 1 or not collective.is_initialized():
+        return
+    buffers = [b for b in t.network.buffers()]
+    if buffers:
+        broadcast_coalesced(buffers, getattr(t.parallel_network, "group", None))
 
 
 def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: dict[str, Any] | None):
@@ -182,6 +199,8 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
         callbacks.on_epoch_end(epoch, logs)
         t.run_pending_saves()
     t.at_step_boundary = True
+    if train.sharded:
+        sync_buffers(t)  # Note [agreed buffers]
     callbacks.on_train_end(logs)
     t.run_pending_saves()
 
@@ -207,6 +226,8 @@ def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
     reason = data.exact_reason()
     if reason is not None:
         raise ValueError(f"cannot evaluate exactly: {reason}")
+    if data.sharded:
+        sync_buffers(t)  # Note [agreed buffers]
     module = t.network
     was_training = module.training
     module.eval()
@@ -283,6 +304,8 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
         raise ValueError("cannot gather predictions in dataset order: the data is split across ranks by a sampler "
                          "whose indices are unknown; use a Dataset, a DataLoader over a DistributedBatchSampler, "
                          "or a TensorLoader")
+    if data.sharded:
+        sync_buffers(t)  # Note [agreed buffers]
     module = t.network
     was_training = module.training
     module.eval()

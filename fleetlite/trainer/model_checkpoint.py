@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..utils.user_warning import warn_user
 from .callback_base import Callback, is_rank_zero
-from .early_stopping import resolve_mode
+from .early_stopping import missing_monitor, resolve_mode
 
 __all__ = ["ModelCheckpoint"]
 
@@ -72,6 +73,7 @@ class ModelCheckpoint(Callback):
         self.async_save = bool(async_save)
         self.sharded = sharded
         self._in_flight = None  # the PendingSave of an asynchronous save
+        self._warned = False
 
     # -- decisions (in the hooks) -------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -80,7 +82,8 @@ class ModelCheckpoint(Callback):
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
                              "fit(..., save_dir=...)")
         self.directory = Path(d)
-        self._last_saved_step = None
+        # a resumed run starts from a saved step: a finished run resumed saves nothing new (nothing changed)
+        self._last_saved_step = self.trainer.global_step
         self._check_directory()
 
     def _check_directory(self) -> None:
@@ -110,6 +113,11 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         best = False
+        if self.monitor is not None and not self._warned and missing_monitor(self.monitor, logs, self.params):
+            self._warned = True
+            warn_user(f"ModelCheckpoint: monitor {self.monitor!r} is not in the epoch logs (available: "
+                      f"{sorted(logs or {})}), so best.pt is never written; pass one of those, or eval_data "
+                      "to fit for val_* values")
         if self.monitor is not None and logs and self.monitor in logs:
             value = float(logs[self.monitor])
             if self.best is None or (value < self.best - self.min_delta if self.mode == "min"

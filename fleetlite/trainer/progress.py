@@ -12,7 +12,13 @@ from typing import Any, TextIO
 
 from .callback_base import Callback, is_rank_zero
 
-__all__ = ["ProgressBar", "format_logs"]
+__all__ = ["ProgressBar", "format_logs", "epoch_label"]
+
+
+def epoch_label(epoch: int, epochs: int | None) -> str:
+    """``"Epoch 3/9"``: epochs are numbered from 0 everywhere (logs, metrics.csv, checkpoint names, plots),
+    so the last of 10 is 9 (Lightning's convention)."""
+    return f"Epoch {epoch}/{epochs - 1 if isinstance(epochs, int) else '?'}"
 
 
 def _value(v: Any) -> Any:
@@ -45,7 +51,8 @@ class ProgressBar(Callback):
 
     On a terminal (``stream.isatty()``) a rich progress bar is drawn; otherwise
     a plain line is written every ``log_freq`` steps and at each epoch end,
-    e.g. ``Epoch 1/5 step 40/196 - loss: 1.2345 - acc: 0.5000 - 2311.4 samples/s - ETA 0:00:09``.
+    e.g. ``Epoch 0/4 step 40/196 - loss: 1.2345 - acc: 0.5000 - 2311.4 samples/s - ETA 0:00:09`` (the first of
+    five epochs: epochs are numbered from 0 everywhere, see :func:`epoch_label`).
     ``fit`` adds one (``log_freq`` from ``fit``) unless one is given or ``verbose=0``.
 
     Example::
@@ -106,7 +113,7 @@ class ProgressBar(Callback):
         self._samples = 0.0
         self._world = int(self.params.get("world_size", 1))
         self._t0 = time.perf_counter()
-        self._desc = f"Epoch {epoch + 1}/{self.params.get('epochs', '?')}"
+        self._desc = epoch_label(epoch, self.params.get("epochs"))
         if self._rich_wanted():
             self._start_rich()
 

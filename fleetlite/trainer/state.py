@@ -28,12 +28,12 @@ loaders (``num_workers=0``) at the same world size.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..utils.user_warning import warn_user
 from .checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -43,7 +43,7 @@ from .checkpoint import (
 )
 
 __all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "load_weights", "REQUIRED"]
+           "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -83,7 +83,8 @@ def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[s
         "callbacks": trainer._callbacks.state_dict() if trainer._callbacks is not None else {},
         "strategy": trainer._connector.strategy_dict(),
         "config": trainer.config,
-        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version()},
+        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version(),
+                 "optimizer": optimizer_name(trainer.user_optimizer)},
     }
     return state
 
@@ -103,6 +104,42 @@ def load_model_state(trainer, weights: dict[str, Any], strict: bool = True) -> N
     (net if hasattr(net, "full_state_dict") else trainer.network).load_state_dict(weights, strict=strict)
 
 
+def optimizer_name(optimizer: Any) -> str | None:
+    """``"torch.optim.adam.Adam"``: the class of the torch optimizer that steps (inside any wrapper)."""
+    if optimizer is None:
+        return None
+    inner = getattr(optimizer, "inner_opt", optimizer)
+    return f"{type(inner).__module__}.{type(inner).__qualname__}"
+
+
+def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hint: str) -> None:
+    """Refuse, naming both, a checkpoint whose optimizer state comes from another optimizer class.
+
+    torch would load such a state silently and fail at the first step (``KeyError: 'momentum'``). Checkpoints
+    that do not record the class are checked by their hyperparameter names.
+    """
+    saved_opt = state.get("optimizer")
+    if optimizer is None or not isinstance(saved_opt, dict):
+        return
+    saved = (state.get("meta") or {}).get("optimizer")
+    mine = optimizer_name(optimizer)
+
+    def short(name: Any) -> str:
+        return str(name).rsplit(".", 1)[-1]
+
+    if saved is not None and saved != mine:
+        raise CheckpointError(path, f"its optimizer state comes from {short(saved)} ({saved}) but this run's "
+                                    f"optimizer is {short(mine)} ({mine}); {hint}")
+    groups = saved_opt.get("param_groups") or []
+    own = getattr(optimizer, "inner_opt", optimizer).param_groups
+    if saved is None and groups and own:
+        missing = sorted(set(own[0]) - set(groups[0]) - {"params"})
+        if missing:
+            raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
+                                        f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
+                                        f"class; {hint}")
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -118,6 +155,8 @@ def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     error = None
     if state is not None:
         try:
+            if latest:
+                check_finite(state["model"], path)
             save_checkpoint(state, path, latest=latest)
         except CheckpointError as e:
             error = e.problem
@@ -128,6 +167,17 @@ def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     if error is not None:
         raise CheckpointError(path, f"saving failed on rank 0: {error}")
     return path
+
+
+def check_finite(weights: dict[str, Any], path: Path) -> None:
+    """Refuse (``CheckpointError``) weights holding NaN/inf: such a checkpoint never replaces ``latest.pt``."""
+    bad = [k for k, v in weights.items()
+           if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(path, f"not written: non-finite weights (NaN/inf) in {bad[:5]}"
+                                    f"{' ...' if len(bad) > 5 else ''}; training diverged, and latest.pt keeps "
+                                    "pointing at the last finite checkpoint. Add fleetlite.callbacks.TerminateOnNaN "
+                                    "to stop at the first non-finite loss; try a lower learning rate")
 
 
 def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
@@ -145,6 +195,22 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
     if collective.get_rank() == 0:
         save_checkpoint({"model": weights, "config": trainer.config}, path)
     return path
+
+
+def warn_if_overwriting(directory: str | Path | None) -> None:
+    """Warn (rank 0) when a fresh run is about to overwrite the checkpoints an earlier run left in ``directory``."""
+    from ..distributed import collective
+    from .checkpoint import LATEST, list_checkpoints
+
+    if directory is None or collective.get_rank() != 0:
+        return
+    directory = Path(directory)
+    found = [p.name for p in list_checkpoints(directory)] + ([LATEST] if (directory / LATEST).exists() else [])
+    if found:
+        shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
+        warn_user(f"fleetlite: {directory} already holds the checkpoints of an earlier run ({shown}); this fresh "
+                  "run overwrites them as it saves. Continue that run with fit(..., resume='latest'), use another "
+                  "save_dir, or pass resume=False to start afresh deliberately (no warning)")
 
 
 def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
@@ -237,9 +303,9 @@ def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[
         entry = ranks[rank]
         return entry, entry["train_accum"]
     if rank == 0:
-        warnings.warn(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
+        warn_user(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
                       "sample of the epoch is still seen once, but random streams (and so results) differ from "
-                      "an uninterrupted run", stacklevel=3)
+                      "an uninterrupted run")
     entry = ranks[rank % saved_world]
     if rank != 0:
         return entry, {"loss_sum": 0.0, "count": 0, "metrics": None}
@@ -279,6 +345,9 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
             load_model_state(t, s["model"])
         except (RuntimeError, KeyError, ValueError) as e:
             raise CheckpointError(path, f"incompatible with this model: {e}") from None
+    check_optimizer(path, s, t.user_optimizer, "resume with the optimizer it was trained with (recipes: the same "
+                                                "optim=...), or start a new run from its weights with "
+                                                "Trainer.load(path, reset_optimizer=True)")
     try:
         if s.get("optimizer") is not None and not path.is_dir():
             t.optimizer.load_state_dict(s["optimizer"])
@@ -309,12 +378,13 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
         if not isinstance(weights, dict):
             raise
+    if not reset_optimizer:  # before anything is loaded
+        check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
     own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
         if bad:
-            warnings.warn(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}",
-                          stacklevel=3)
+            warn_user(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}")
         own.update({k: v for k, v in weights.items() if k not in bad})
         weights = own
     try:

@@ -20,7 +20,7 @@ from torch import nn
 
 from .callback_base import Callback, CallbackList, History
 from .connector import Connector, check_positive, plain_config
-from .data_adapter import DataAdapter
+from .data_adapter import DataAdapter, describe_sizes, keras_evaluate_args, keras_xy
 from .metrics import Metric
 
 __all__ = ["Trainer"]
@@ -113,7 +113,12 @@ class Trainer:
                 raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
                                    "initialised); pass it to the Trainer or to the first compile call")
             self._connector.user_strategy = strategy
-        self._set_training_objects(optimizer, loss, metrics)
+        wrapped = self.optimizer if optimizer is None else None
+        # arguments not passed keep their values (Trainer(net, loss=...).compile(opt) keeps the loss)
+        self._set_training_objects(self.user_optimizer if optimizer is None else optimizer,
+                                   self.loss_fn if loss is None else loss,
+                                   self.metrics if metrics is None else metrics)
+        self.optimizer = wrapped
         return self
 
     prepare = compile  # Paddle's name
@@ -136,6 +141,9 @@ class Trainer:
         if self.parallel_network is None:
             self._connector.start()
             self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
+            from .cpu_amp import warn_cpu_amp
+
+            warn_cpu_amp(self.strategy, self.device)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
             self._accumulate = self._connector.accumulate
             self._accumulate_avg = self._connector.accumulate_avg
@@ -165,7 +173,14 @@ class Trainer:
         if self.loss_fn is None:
             raise ValueError("no loss function: pass loss=... to the Trainer or compile()")
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-        return self.loss_fn(*outs, *labels)
+        if labels:
+            return self.loss_fn(*outs, *labels)
+        try:  # inputs only: fine for a loss of the outputs alone, else say what is missing
+            return self.loss_fn(*outs)
+        except TypeError as e:
+            raise ValueError(f"the batch has no labels (inputs only), but the loss needs them ({e}): pass inputs "
+                             "and labels, e.g. fit((x, y)) or fit(x, y), or a Dataset yielding (input, label); "
+                             "or override compute_loss / train_step") from None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss``, divided for gradient accumulation and scaled for float16 amp."""
@@ -235,12 +250,17 @@ class Trainer:
 
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
         falling back with a warning), ``"auto"`` (same, or a fresh start), a
-        checkpoint file, or a directory. Everything is restored, mid-epoch
-        included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
+        checkpoint file, or a directory; ``None`` starts fresh and warns when
+        ``save_dir`` already holds an earlier run's checkpoints (they get
+        overwritten), ``False`` starts fresh without a word. Everything is
+        restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
         total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
         """
         from . import loops, state
 
+        xy = keras_xy(train_data, eval_data, "fit")
+        if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
+            train_data, eval_data = xy, None
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -254,17 +274,23 @@ class Trainer:
         self.save_dir = Path(save_dir) if save_dir is not None else None
         pin = self.device.type == "cuda"
         train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        if train.length() == 0:
+            raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
+                             "nothing: use a smaller batch_size, drop_last=False, or more data")
         evaluation = None if eval_data is None else DataAdapter.build(eval_data, batch_size, False, False,
                                                                       num_workers, 0, pin, "eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
         cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
+        cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
         ckpt_dir = self.save_dir
         if ckpt_dir is None:
             from .model_checkpoint import ModelCheckpoint
 
             dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
             ckpt_dir = Path(dirs[0]) if dirs else None
+        if resume is None:
+            state.warn_if_overwriting(ckpt_dir)
         path = state.resolve_resume(resume, ckpt_dir)
         resume_state = self._restore(path, train) if path is not None else None
         self._train_adapter, self._callbacks, self.fitting = train, cbs, True
@@ -284,6 +310,7 @@ class Trainer:
         """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
         from . import loops
 
+        eval_data, batch_size = keras_evaluate_args(eval_data, batch_size)  # Keras' evaluate(x, y)
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self._prepare(training=False)
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute

@@ -1,0 +1,86 @@
+"""``TerminateOnNaN``: stop every rank at the same optimizer step when the training loss stops being finite.
+
+Public through :mod:`fleetlite.callbacks`.
+
+# Note [non-finite loss]
+Keras' ``TerminateOnNaN`` looks at one process's loss. With several ranks a
+NaN may appear on one rank only (one bad sample); its gradients then poison
+every rank through the all-reduce, but the other ranks' own losses can stay
+finite for that step. So each rank checks its running epoch loss (a NaN
+stays in the running mean, nothing is missed between checks) at a step
+boundary, and the ranks add their verdicts with one all-reduce of a
+``world_size``-long vector: every rank learns at the same step which ranks
+saw it, and all raise the same :class:`NonFiniteLossError`. Nothing is saved
+after the bad step (the save requests of that step never run: the raise ends
+``fit`` before the Trainer runs them), and
+:func:`fleetlite.trainer.state.write_state` refuses to point ``latest.pt`` at
+weights that are not finite in any case. Cost: one device sync and one tiny
+all-reduce every ``check_freq`` optimizer steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .callback_base import Callback
+
+__all__ = ["TerminateOnNaN", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; raised on every rank at the same step by ``TerminateOnNaN``."""
+
+    def __init__(self, message: str, step: int, ranks: list[int]):
+        super().__init__(message)
+        self.step = step
+        self.ranks = ranks
+
+
+class TerminateOnNaN(Callback):
+    """Raise :class:`NonFiniteLossError` on every rank at the first step whose loss is not finite.
+
+    Checked every ``check_freq`` optimizer steps (see Note [non-finite loss]);
+    the checkpoints written before the bad step, ``latest.pt`` included, are
+    kept. The recipes add it by default (``trainer.callbacks.terminate_on_nan``).
+
+    Example::
+
+        trainer.fit(data, epochs=10, save_dir="runs/a", callbacks=[TerminateOnNaN()])
+        # fleetlite.callbacks.NonFiniteLossError: non-finite loss (NaN or inf) at optimizer step 12 ...
+    """
+
+    def __init__(self, check_freq: int = 1) -> None:
+        super().__init__()
+        if isinstance(check_freq, bool) or not isinstance(check_freq, int) or check_freq < 1:
+            raise ValueError(f"TerminateOnNaN(check_freq={check_freq!r}) must be a positive integer")
+        self.check_freq = check_freq
+
+    def on_train_batch_end(self, step, logs=None):
+        t = self.trainer
+        if not t.at_step_boundary or t.global_step % self.check_freq or not logs or "loss" not in logs:
+            return
+        loss = logs["loss"]
+        value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        bad = ~torch.isfinite(value.to(torch.float64)).all()
+        ranks = _agree(bad, t.device)
+        if not ranks:
+            return
+        where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        raise NonFiniteLossError(
+            f"non-finite loss (NaN or inf) at optimizer step {t.global_step} (epoch {t.epoch}, batch {step}) on "
+            f"{where}: training stopped on every rank; checkpoints written before it are kept and latest.pt is "
+            "never replaced by non-finite weights. Try a lower learning rate (e.g. optim.lr), gradient clipping, "
+            "or float32 instead of amp", t.global_step, ranks)
+
+
+def _agree(bad: torch.Tensor, device: torch.device) -> list[int]:
+    """Ranks whose loss is not finite, the same list on every rank (one all-reduce when several run)."""
+    from ..distributed import collective
+
+    world = collective.get_world_size()
+    if world == 1 or not collective.is_initialized():
+        return [0] if bool(bad) else []
+    flags = torch.zeros(world, dtype=torch.float32, device=device)
+    flags[collective.get_rank()] = bad.to(device=device, dtype=torch.float32)
+    collective.all_reduce(flags)
+    return [r for r, f in enumerate(flags.tolist()) if f]

@@ -92,7 +92,11 @@ class Trainer:
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
         if loss is not None and not callable(loss):
             raise TypeError(f"loss must be callable as loss(outputs, labels), got {type(loss).__name__}")
-        metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) else list(metrics))
+        from .torchmetrics_adapter import TorchMetric, is_torchmetric
+
+        metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) or is_torchmetric(metrics)
+                                               else list(metrics))
+        metrics = [TorchMetric(m) if is_torchmetric(m) else m for m in metrics]
         for m in metrics:
             if not isinstance(m, Metric):
                 raise TypeError(f"metrics must be fleetlite.metric.Metric instances, got {type(m).__name__}; "
@@ -194,7 +198,8 @@ class Trainer:
         labels = trim_batch(list(labels), n)
         for m in self.metrics:
             res = m.compute(*outs, *labels)
-            m.update(*(res if isinstance(res, (list, tuple)) else (res,)))
+            update = getattr(m, "_update_lazy", m.update)  # fleetlite's metrics: no device sync per batch
+            update(*(res if isinstance(res, (list, tuple)) else (res,)))
 
     def train_step(self, batch: Any) -> dict[str, Any]:
         """One training batch: forward, loss, backward, optimizer step (at boundaries), metrics.

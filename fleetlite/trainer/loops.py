@@ -175,7 +175,7 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
         if not ended:  # Note [epoch end]
             break
         logs = _epoch_logs(t, reduce=train.sharded)
-        if evaluation is not None and (epoch + 1) % eval_freq == 0:
+        if evaluation is not None and t._eval_due(epoch, eval_freq):
             val = run_evaluate(t, evaluation, callbacks)
             logs.update({f"val_{k}": v for k, v in val.items()})
         t.epoch_finished = True

@@ -33,6 +33,10 @@ class ModelCheckpoint(Callback):
     ``keep_last=k`` only the newest k periodic files are kept (``best.pt``
     and ``latest.pt`` stay). Resume with ``fit(..., resume="latest")``.
 
+    Paddle's positional order ``ModelCheckpoint(save_freq, save_dir)`` is recognised (an int first). Under
+    ``fleetlite.Model`` it behaves as Paddle's: ``Model.save`` prefixes ``{save_dir}/{epoch}`` when
+    ``epoch % save_freq == 0`` and ``{save_dir}/final``, written by rank 0; no directory means no saving.
+
     Example::
 
         ckpt = ModelCheckpoint("runs/a", save_freq=1, save_steps=200, keep_last=3, monitor="val_acc")
@@ -44,6 +48,8 @@ class ModelCheckpoint(Callback):
                  keep_last: int | None = None, monitor: str | None = None, mode: str = "auto",
                  min_delta: float = 0.0, save_last: bool = True, verbose: int = 0) -> None:
         super().__init__()
+        if isinstance(save_dir, int) and not isinstance(save_dir, bool):  # Paddle's order: (save_freq, save_dir)
+            save_dir, save_freq = (save_freq if save_freq != 1 else None), save_dir
         for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"ModelCheckpoint({name}={v!r}) must be a positive integer or None")
@@ -63,7 +69,13 @@ class ModelCheckpoint(Callback):
         self.directory: Path | None = None
 
     # -- decisions (in the hooks) -------------------------------------------------
+    def _paddle(self) -> bool:
+        """Under ``fleetlite.Model``: Paddle's ModelCheckpoint (``{save_dir}/{epoch}`` and ``final`` prefixes)."""
+        return getattr(self.trainer, "_paddle_hapi", False)
+
     def on_train_begin(self, logs=None):
+        if self._paddle():
+            return
         d = self.save_dir or getattr(self.trainer, "save_dir", None)
         if d is None:
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
@@ -91,10 +103,16 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer
+        if self._paddle():
+            return
         if self.save_steps and t.at_step_boundary and t.global_step % self.save_steps == 0:
             self._request(f"step-{t.global_step:08d}.pt", best=False)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._paddle():
+            from .hapi_callbacks import paddle_checkpoint_epoch_end
+
+            return paddle_checkpoint_epoch_end(self, epoch)
         best = False
         if self.monitor is not None and logs and self.monitor in logs:
             value = float(logs[self.monitor])
@@ -107,6 +125,12 @@ class ModelCheckpoint(Callback):
 
     def on_train_end(self, logs=None):
         t = self.trainer
+        if self._paddle():
+            from .hapi_callbacks import paddle_checkpoint_train_end
+
+            return paddle_checkpoint_train_end(self)
+        if getattr(t, "terminated_on_nan", None) is not None:
+            return  # TerminateOnNaN: the weights are broken; the last good checkpoint stays latest
         if self.save_last and self._last_saved_step != t.global_step and t.global_step > 0:
             name = f"epoch-{t.epoch:04d}.pt" if t.epoch_finished else f"step-{t.global_step:08d}.pt"
             self._request(name, best=False)

@@ -77,6 +77,7 @@ class Trainer:
         self.at_step_boundary = True
         self.stop_training = False
         self.preempted: str | None = None  # the signal that stopped fit (see fleetlite.callbacks.Preemption)
+        self.terminated_on_nan: int | None = None  # the step where TerminateOnNaN stopped fit
         self.fitting = False
         self.save_dir: Path | None = None
         self._accumulate = 1
@@ -245,7 +246,11 @@ class Trainer:
         total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
         """
         from . import loops, state
+        from .model import check_call_order
 
+        if not getattr(self, "_paddle_hapi", False):
+            check_call_order(train_data, eval_data, batch_size, epochs, "keras")
+        self.terminated_on_nan = None
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -270,6 +275,8 @@ class Trainer:
 
             dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
             ckpt_dir = Path(dirs[0]) if dirs else None
+        if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
+            resume = "auto"  # BackupAndRestore
         path = state.resolve_resume(resume, ckpt_dir)
         resume_state = self._restore(path, train) if path is not None else None
         self._train_adapter, self._callbacks, self.fitting = train, cbs, True
@@ -310,6 +317,10 @@ class Trainer:
         adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, False, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
         return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
+
+    def _eval_due(self, epoch: int, eval_freq: int) -> bool:
+        """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""
+        return (epoch + 1) % eval_freq == 0
 
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
     def request_save(self, fn: Callable[[], None]) -> None:

@@ -175,15 +175,21 @@ def find_scheduler(optimizer: Any) -> Any:
     from torch.optim.lr_scheduler import LRScheduler as TorchScheduler
     from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-    opt = getattr(optimizer, "optimizer", optimizer) if not isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    if optimizer is None:
+        return None
+    opt = getattr(optimizer, "inner_opt", optimizer)
     for attr in ("_learning_rate", "lr_scheduler"):
         s = getattr(opt, attr, None)
         if s is not None and hasattr(s, "step") and hasattr(s, "state_dict"):
             return s
     found = []
     for ref in gc.get_referrers(opt):
-        owners = [ref] if isinstance(ref, TorchScheduler) else (
-            [o for o in gc.get_referrers(ref) if isinstance(o, TorchScheduler)] if isinstance(ref, dict) else [])
+        if isinstance(ref, TorchScheduler):
+            owners = [ref]
+        elif isinstance(ref, dict) and ref.get("optimizer") is opt:  # a scheduler's __dict__
+            owners = [o for o in gc.get_referrers(ref) if isinstance(o, TorchScheduler)]
+        else:
+            owners = []
         for s in owners:
             if getattr(s, "optimizer", None) is opt and not isinstance(s, ReduceLROnPlateau) and s not in found:
                 found.append(s)

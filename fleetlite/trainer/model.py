@@ -173,13 +173,16 @@ class Model(Trainer):
 
     # -- prepare ---------------------------------------------------------------------------------------------
     def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., Any] | None = None,
-                metrics: Any = None, amp_configs: str | dict[str, Any] | None = None) -> None:
+                metrics: Any = None, amp_configs: str | dict[str, Any] | None = None, *,
+                grad_clip: Any = None) -> None:
         """Set optimizer, loss, metrics and mixed precision; each call replaces all four (as Paddle).
 
         ``amp_configs``: ``'O0'``/``'O1'``/``'O2'`` or a dict with ``level`` and Paddle's scaler keys
         (``init_loss_scaling``, ``incr_ratio``, ...); anything else raises ValueError. Mixed precision needs
-        a GPU: on a CPU device it is switched off with a warning.
+        a GPU: on a CPU device it is switched off with a warning. ``grad_clip``: a ``ClipGradBy*`` object
+        (Paddle gives it to the optimizer; here also read from ``optimizer._grad_clip``).
         """
+        from .clipping import resolve_grad_clip
         from .metrics import Metric
         from .torchmetrics_adapter import is_torchmetric
 
@@ -196,6 +199,8 @@ class Model(Trainer):
                                    "distributed engine is already set up)")
             self._connector.user_strategy = strategy
         self._set_training_objects(optimizer, loss, _to_list(metrics) or None)
+        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
+                                                                                              None))
 
     def _amp_strategy(self, amp_configs: Any) -> dict[str, Any] | None:
         if not amp_configs:
@@ -279,6 +284,10 @@ class Model(Trainer):
         else:
             loss.backward()
         if update:
+            if self.grad_clip:
+                from .clipping import clip_gradients
+
+                clip_gradients(self)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
         losses = [_numpy(loss).reshape(1)]

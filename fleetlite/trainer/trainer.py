@@ -69,6 +69,7 @@ class Trainer:
         self._connector = Connector(strategy, device)
         self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
+        self.grad_clip: list[Any] = []
         # progress, read by callbacks
         self.epoch = 0
         self.global_step = 0
@@ -111,8 +112,20 @@ class Trainer:
         self.metrics: list[Metric] = metrics
 
     def compile(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., torch.Tensor] | None = None,
-                metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None) -> Trainer:
-        """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy."""
+                metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None, *, grad_clip: Any = None,
+                clipnorm: float | None = None, clipvalue: float | None = None,
+                global_clipnorm: float | None = None) -> Trainer:
+        """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy.
+
+        Gradient clipping (see :mod:`fleetlite.trainer.clipping`): Keras' ``clipnorm`` (each tensor),
+        ``global_clipnorm``, ``clipvalue``, or Paddle's ``grad_clip=ClipGradByGlobalNorm(...)`` (also read from
+        ``optimizer._grad_clip``); applied once per step after the all-reduce, the accumulation and amp unscaling.
+        """
+        from .clipping import resolve_grad_clip
+
+        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
+                                                                                              None),
+                                           clipnorm, clipvalue, global_clipnorm)
         if strategy is not None:
             if self._connector._started:
                 raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
@@ -184,6 +197,10 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Step the optimizer and clear the gradients; only at a step boundary (accumulation)."""
         if self.at_step_boundary:
+            if self.grad_clip:
+                from .clipping import clip_gradients
+
+                clip_gradients(self)  # Note [clip order]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 

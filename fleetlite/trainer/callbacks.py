@@ -41,7 +41,7 @@ from .progress import ProgressBar
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
            "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "atomic_write_text", "build_callbacks",
            "ProgBarLogger", "VisualDL", "ReduceLROnPlateau", "LearningRateScheduler", "TerminateOnNaN",
-           "LambdaCallback", "BackupAndRestore", "config_callbacks"]
+           "LambdaCallback", "BackupAndRestore", "config_callbacks", "EMA"]
 
 
 class LRScheduler(Callback):
@@ -266,6 +266,7 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
     return CallbackList(extra + given, trainer=trainer, params=params)
 
 
+from .ema import EMA  # noqa: E402
 from .extra_callbacks import (  # noqa: E402  (they subclass the classes above)
     BackupAndRestore,
     LambdaCallback,

@@ -251,3 +251,25 @@ def test_seed_everything_reproduces(monkeypatch):
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     with pytest.raises(ValueError):
         fleetlite.seed_everything(-1)
+
+
+def _model_two_ranks(rank=0, world=1):
+    torch.set_num_threads(1)
+    model, net = _model(lr=0.01)
+    model.prepare(model._optimizer, CrossEntropyLoss("mean"), Accuracy())  # ranks average gradients
+    model.fit(MyDataset(40), batch_size=8 // world, epochs=1, shuffle=False, verbose=0)
+    res = model.evaluate(MyDataset(37, 3), batch_size=4, verbose=0)
+    out = model.predict(MyDataset(37, 3), batch_size=4, stack_outputs=True, verbose=0)
+    return res, out[0], {k: v.clone() for k, v in net.state_dict().items()}
+
+
+def test_model_on_two_ranks_equals_one_process():
+    from fleetlite.testing import run_ranks
+
+    ref_res, ref_out, ref_w = _model_two_ranks()
+    for res, out, w in run_ranks(_model_two_ranks, world_size=2, timeout=240):
+        assert res["acc"] == ref_res["acc"] and res["loss"][0] == pytest.approx(ref_res["loss"][0], rel=1e-5)
+        assert out.shape == (37, 10)  # every sample once, in dataset order
+        np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5)
+        for k in ref_w:
+            torch.testing.assert_close(w[k], ref_w[k], rtol=1e-5, atol=1e-6)

@@ -115,7 +115,7 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
 
     acc = t._accumulate
     resume = None
-    start_epoch = 0
+    start_epoch = getattr(t, "_initial_epoch", 0)  # Keras' initial_epoch; a resumed run's position wins
     if resume_state is not None:
         prog = resume_state["progress"]
         entry, sums = rank_entry(resume_state, collective.get_rank(), collective.get_world_size())

@@ -253,8 +253,12 @@ class Trainer:
             log_freq: int = 10, callbacks: Sequence[Callback] | None = None, shuffle: bool = True,
             drop_last: bool = False, num_workers: int = 0, accumulate_grad_batches: int = 1,
             num_iters: int | None = None, resume: Any = None, save_dir: str | os.PathLike | None = None,
-            verbose: int = 1, seed: int = 0) -> History:
+            verbose: int = 1, seed: int = 0, *, validation_split: float = 0.0, steps_per_epoch: int | None = None,
+            validation_steps: int | None = None, initial_epoch: int = 0) -> History:
         """Train for ``epochs`` epochs; returns the :class:`~fleetlite.callbacks.History`.
+
+        Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``: see
+        :mod:`fleetlite.trainer.keras_fit`.
 
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
         falling back with a warning), ``"auto"`` (same, or a fresh start), a
@@ -268,6 +272,11 @@ class Trainer:
         if not getattr(self, "_paddle_hapi", False):
             check_call_order(train_data, eval_data, batch_size, epochs, "keras")
         self.terminated_on_nan = None
+        from .keras_fit import apply_keras_options
+
+        train_data, eval_data = apply_keras_options(self, train_data, eval_data, batch_size, shuffle, drop_last,
+                                                    num_workers, seed, validation_split, steps_per_epoch,
+                                                    validation_steps, initial_epoch)
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:

@@ -1,0 +1,45 @@
+"""Keras' fit conveniences on the Trainer: validation_split (last fraction), steps_per_epoch, validation_steps,
+initial_epoch."""
+
+import pytest
+import torch
+from trainer_helpers import trainer, xy
+
+
+class Count(__import__("fleetlite").callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.train, self.eval, self.epochs = 0, 0, []
+
+    def on_train_batch_end(self, step, logs=None):
+        self.train += 1
+
+    def on_eval_batch_end(self, step, logs=None):
+        self.eval += 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+def test_validation_split_is_the_last_fraction():
+    x, y = xy(40)
+    t = trainer()
+    hist = t.fit((x, y), epochs=1, batch_size=8, validation_split=0.25, verbose=0)
+    ref = trainer()
+    ref.fit((x[:30], y[:30]), epochs=1, batch_size=8, verbose=0)
+    for a, b in zip(t.network.parameters(), ref.network.parameters()):
+        assert torch.equal(a, b)  # trained on the first 30 samples only
+    assert hist.history["val_loss"][0] == pytest.approx(ref.evaluate((x[30:], y[30:]), verbose=0)["loss"])
+    with pytest.raises(ValueError, match="either eval_data or validation_split"):
+        trainer().fit((x, y), eval_data=(x, y), validation_split=0.1, verbose=0)
+    with pytest.raises(ValueError, match="fraction"):
+        trainer().fit((x, y), validation_split=1.5, verbose=0)
+
+
+def test_steps_validation_steps_and_initial_epoch():
+    x, y = xy(64)
+    c = Count()
+    t = trainer()
+    t.fit((x, y), eval_data=(x, y), epochs=3, batch_size=8, steps_per_epoch=3, validation_steps=2,
+          initial_epoch=1, callbacks=[c], verbose=0)
+    assert c.epochs == [1, 2] and c.train == 6 and c.eval == 4 and t.global_step == 6

@@ -33,6 +33,8 @@ class ModelCheckpoint(Callback):
     ``keep_last=k`` only the newest k periodic files are kept (``best.pt``
     and ``latest.pt`` stay). Resume with ``fit(..., resume="latest")``.
 
+    ``save_top_k=k`` (keyword, with ``monitor``) keeps ``top-epoch-NNNN.pt`` for the k best epochs.
+
     Paddle's positional order ``ModelCheckpoint(save_freq, save_dir)`` is recognised (an int first). Under
     ``fleetlite.Model`` it behaves as Paddle's: ``Model.save`` prefixes ``{save_dir}/{epoch}`` when
     ``epoch % save_freq == 0`` and ``{save_dir}/final``, written by rank 0; no directory means no saving.
@@ -46,8 +48,13 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, save_dir: str | None = None, save_freq: int | None = 1, save_steps: int | None = None,
                  keep_last: int | None = None, monitor: str | None = None, mode: str = "auto",
-                 min_delta: float = 0.0, save_last: bool = True, verbose: int = 0) -> None:
+                 min_delta: float = 0.0, save_last: bool = True, verbose: int = 0, *,
+                 save_top_k: int | None = None) -> None:
         super().__init__()
+        if save_top_k is not None and (not isinstance(save_top_k, int) or save_top_k < 1 or monitor is None):
+            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) needs a positive integer and a monitor")
+        self.save_top_k = save_top_k
+        self.top_k: list[tuple[float, str]] = []  # (value, file) of the kept best epochs, best first
         if isinstance(save_dir, int) and not isinstance(save_dir, bool):  # Paddle's order: (save_freq, save_dir)
             save_dir, save_freq = (save_freq if save_freq != 1 else None), save_dir
         for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
@@ -119,9 +126,28 @@ class ModelCheckpoint(Callback):
             if self.best is None or (value < self.best - self.min_delta if self.mode == "min"
                                      else value > self.best + self.min_delta):
                 self.best, self.best_epoch, best = value, epoch, True
+            if self.save_top_k:
+                self._keep_top_k(epoch, value)
         periodic = bool(self.save_freq) and (epoch + 1) % self.save_freq == 0
         if periodic or best:
             self._request(f"epoch-{epoch:04d}.pt" if periodic else "best.pt", best=best, periodic=periodic)
+
+    def _keep_top_k(self, epoch: int, value: float) -> None:
+        """Lightning's ``save_top_k``: ``top-epoch-NNNN.pt`` for the k best epochs by ``monitor``/``mode``."""
+        name = f"top-epoch-{epoch:04d}.pt"
+        ranked = sorted(self.top_k + [(value, name)], key=lambda vn: vn[0], reverse=self.mode == "max")
+        kept, dropped = ranked[: self.save_top_k], ranked[self.save_top_k:]
+        self.top_k = kept
+        if (value, name) in kept:
+            path, old = self.directory / name, tuple(self.directory / n for _, n in dropped)
+
+            def write():
+                self.trainer.save_checkpoint(path)
+                if is_rank_zero():
+                    for f in old:
+                        f.unlink(missing_ok=True)
+
+            self.trainer.request_save(write)
 
     def on_train_end(self, logs=None):
         t = self.trainer
@@ -160,9 +186,11 @@ class ModelCheckpoint(Callback):
                     old.unlink(missing_ok=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch}
+        return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch,
+                "top_k": [list(vn) for vn in self.top_k]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = list(state["saved"])
         self.best = state["best"]
         self.best_epoch = state["best_epoch"]
+        self.top_k = [tuple(vn) for vn in state.get("top_k", [])]

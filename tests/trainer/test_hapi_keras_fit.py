@@ -43,3 +43,20 @@ def test_steps_validation_steps_and_initial_epoch():
     t.fit((x, y), eval_data=(x, y), epochs=3, batch_size=8, steps_per_epoch=3, validation_steps=2,
           initial_epoch=1, callbacks=[c], verbose=0)
     assert c.epochs == [1, 2] and c.train == 6 and c.eval == 4 and t.global_step == 6
+
+
+def test_save_top_k_keeps_the_k_best(tmp_path):
+    import os
+
+    from fleetlite.callbacks import ModelCheckpoint
+
+    ck = ModelCheckpoint(str(tmp_path), save_freq=None, monitor="val_loss", save_top_k=2)
+    x, y = xy(32)
+    hist = trainer(lr=0.2).fit((x, y), eval_data=xy(16, seed=3), epochs=5, batch_size=8, callbacks=[ck], verbose=0)
+    losses = hist.history["val_loss"]
+    best2 = sorted(range(5), key=lambda e: losses[e])[:2]
+    tops = sorted(f for f in os.listdir(tmp_path) if f.startswith("top-"))
+    assert tops == sorted(f"top-epoch-{e:04d}.pt" for e in best2)
+    assert [n for _, n in ck.top_k] == [f"top-epoch-{e:04d}.pt" for e in best2]
+    with pytest.raises(ValueError, match="needs a positive integer and a monitor"):
+        ModelCheckpoint(str(tmp_path), save_top_k=2)

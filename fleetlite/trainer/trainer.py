@@ -114,13 +114,19 @@ class Trainer:
     def compile(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., torch.Tensor] | None = None,
                 metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None, *, grad_clip: Any = None,
                 clipnorm: float | None = None, clipvalue: float | None = None,
-                global_clipnorm: float | None = None) -> Trainer:
+                global_clipnorm: float | None = None, ema_decay: float | None = None) -> Trainer:
         """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy.
 
         Gradient clipping (see :mod:`fleetlite.trainer.clipping`): Keras' ``clipnorm`` (each tensor),
         ``global_clipnorm``, ``clipvalue``, or Paddle's ``grad_clip=ClipGradByGlobalNorm(...)`` (also read from
         ``optimizer._grad_clip``); applied once per step after the all-reduce, the accumulation and amp unscaling.
+        ``ema_decay``: keep an EMA of the weights in ``trainer.ema`` (a :class:`~fleetlite.callbacks.EMA` that
+        ``fit`` adds to its callbacks).
         """
+        if ema_decay is not None:
+            from .ema import EMA
+
+            self.ema = EMA(ema_decay)
         from .clipping import resolve_grad_clip
 
         self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
@@ -294,6 +300,8 @@ class Trainer:
                                                                       num_workers, 0, pin, "eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
+        if getattr(self, "ema", None) is not None and not any(c is self.ema for c in callbacks or []):
+            callbacks = [*(callbacks or []), self.ema]  # compile(ema_decay=...)
         cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
         ckpt_dir = self.save_dir
         if ckpt_dir is None:

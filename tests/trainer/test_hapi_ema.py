@@ -55,3 +55,10 @@ def test_ema_resume_is_bit_identical(tmp_path):
                    callbacks=[resumed, ModelCheckpoint(str(tmp_path / "b"), save_freq=1)])
     for k, v in full.averaged.state_dict().items():
         assert torch.equal(resumed.averaged.state_dict()[k], v), k
+
+
+def test_compile_ema_decay_adds_the_callback():
+    t = _trainer()
+    t.compile(t.user_optimizer, t.loss_fn, t.metrics, ema_decay=0.5)
+    t.fit(dataset(16), epochs=1, batch_size=8, verbose=0)
+    assert int(t.ema.averaged.n_averaged) == 2

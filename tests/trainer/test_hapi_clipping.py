@@ -85,3 +85,32 @@ def test_clipping_on_two_ranks_equals_one_process():
     ref = _two_ranks()  # one process, global batch BS; the 2-rank run averages two halves of it, then clips
     for got in run_ranks(_two_ranks, world_size=2, timeout=240):
         _close(got, ref)
+
+
+@pytest.mark.parametrize("init_scale", [1024.0, 2.0 ** 40])  # 2**40 overflows float16: those steps are skipped
+def test_clipping_with_float16_amp_unscales_first(init_scale):
+    import warnings
+
+    x, y = xy(N)
+    net = mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    for i in range(0, N, BS):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(net(x[i:i + BS]), y[i:i + BS])
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.1)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    net2 = mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # amp on a CPU device
+        t = fleetlite.Trainer(net2, device="cpu", strategy={"amp": True, "amp_configs": {
+            "dtype": "float16", "init_loss_scaling": init_scale}})
+        t.compile(torch.optim.SGD(net2.parameters(), lr=0.5), nn.CrossEntropyLoss(), global_clipnorm=0.1)
+        t.fit((x, y), epochs=1, batch_size=BS, shuffle=False, verbose=0)
+    _close(net2.state_dict(), net.state_dict())
+    if init_scale > 1e6:
+        assert scaler.get_scale() < init_scale  # the reference really skipped overflowing steps

@@ -27,6 +27,7 @@ _LAZY = {
     "vision": ("fleetlite.vision", None),
     "static": ("fleetlite.static", None),
     "nn": ("fleetlite.nn", None),
+    "hapi": ("fleetlite.hapi", None),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

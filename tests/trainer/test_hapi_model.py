@@ -273,3 +273,12 @@ def test_model_on_two_ranks_equals_one_process():
         np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5)
         for k in ref_w:
             torch.testing.assert_close(w[k], ref_w[k], rtol=1e-5, atol=1e-6)
+
+
+def test_paddle_module_paths():
+    from fleetlite.hapi.callbacks import config_callbacks
+    from fleetlite.hapi.model import Model, prepare_distributed_context, to_list
+
+    assert Model is fleetlite.Model and fleetlite.hapi.Model is fleetlite.Model and callable(config_callbacks)
+    assert to_list(None) is None and to_list((1, 2)) == [1, 2] and to_list(3) == [3]
+    assert prepare_distributed_context().nranks == 1

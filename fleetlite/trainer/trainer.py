@@ -232,9 +232,13 @@ class Trainer:
         pattern: override and use ``self.parallel_network``, ``self.backward``,
         ``self.optimizer_step``, ``self.update_metrics``.
         """
+        from .weighting import batch_weights, split_weights, weighted_loss
+
+        batch, sample = split_weights(self, batch)  # Keras' sample_weight / class_weight
         inputs, labels = self.split_batch(batch)
         outputs = self.parallel_network(*inputs)
-        loss = self.compute_loss(outputs, labels)
+        weights = batch_weights(self, labels, sample)
+        loss = self.compute_loss(outputs, labels) if weights is None else weighted_loss(self, outputs, labels, weights)
         self.backward(loss)
         self.optimizer_step()
         self.update_metrics(outputs, labels)
@@ -260,11 +264,12 @@ class Trainer:
             drop_last: bool = False, num_workers: int = 0, accumulate_grad_batches: int = 1,
             num_iters: int | None = None, resume: Any = None, save_dir: str | os.PathLike | None = None,
             verbose: int = 1, seed: int = 0, *, validation_split: float = 0.0, steps_per_epoch: int | None = None,
-            validation_steps: int | None = None, initial_epoch: int = 0) -> History:
+            validation_steps: int | None = None, initial_epoch: int = 0,
+            class_weight: dict[int, float] | None = None, sample_weight: Any = None) -> History:
         """Train for ``epochs`` epochs; returns the :class:`~fleetlite.callbacks.History`.
 
         Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``: see
-        :mod:`fleetlite.trainer.keras_fit`.
+        :mod:`fleetlite.trainer.keras_fit`; ``class_weight``, ``sample_weight``: :mod:`fleetlite.trainer.weighting`.
 
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
         falling back with a warning), ``"auto"`` (same, or a fresh start), a
@@ -279,7 +284,9 @@ class Trainer:
             check_call_order(train_data, eval_data, batch_size, epochs, "keras")
         self.terminated_on_nan = None
         from .keras_fit import apply_keras_options
+        from .weighting import configure_weights
 
+        train_data = configure_weights(self, train_data, class_weight, sample_weight)
         train_data, eval_data = apply_keras_options(self, train_data, eval_data, batch_size, shuffle, drop_last,
                                                     num_workers, seed, validation_split, steps_per_epoch,
                                                     validation_steps, initial_epoch)

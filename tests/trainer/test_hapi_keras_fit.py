@@ -60,3 +60,37 @@ def test_save_top_k_keeps_the_k_best(tmp_path):
     assert [n for _, n in ck.top_k] == [f"top-epoch-{e:04d}.pt" for e in best2]
     with pytest.raises(ValueError, match="needs a positive integer and a monitor"):
         ModelCheckpoint(str(tmp_path), save_top_k=2)
+
+
+def _weighted_hand(w_fn, n=32, bs=8):
+    from torch import nn
+    from trainer_helpers import mlp
+
+    x, y = xy(n)
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    for i in range(0, n, bs):
+        per = nn.functional.cross_entropy(net(x[i:i + bs]), y[i:i + bs], reduction="none")
+        (per * w_fn(i, y[i:i + bs])).sum().div(per.shape[0]).backward()
+        opt.step()
+        opt.zero_grad()
+    return net.state_dict()
+
+
+def test_class_weight_and_sample_weight_equal_weighted_hand_loop():
+    x, y = xy(32)
+    cw = {0: 1.0, 1: 3.0, 2: 0.5}
+    table = torch.tensor([1.0, 3.0, 0.5])
+    t = trainer(metrics=False)
+    t.fit((x, y), epochs=1, batch_size=8, shuffle=False, class_weight=cw, verbose=0)
+    ref = _weighted_hand(lambda i, yb: table[yb])
+    for k, v in ref.items():
+        torch.testing.assert_close(t.network.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+    sw = torch.linspace(0.1, 2.0, 32)
+    t = trainer(metrics=False)
+    t.fit((x, y), epochs=1, batch_size=8, shuffle=False, sample_weight=sw, class_weight=cw, verbose=0)
+    ref = _weighted_hand(lambda i, yb: table[yb] * sw[i:i + 8])
+    for k, v in ref.items():
+        torch.testing.assert_close(t.network.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="one per sample"):
+        trainer().fit((x, y), sample_weight=sw[:5], verbose=0)

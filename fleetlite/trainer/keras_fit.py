@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset, Subset
 
 from .data_adapter import DataAdapter
 
-__all__ = ["apply_keras_options"]
+__all__ = ["apply_keras_options", "check_call_order"]
 
 
 def _split(data: Any, fraction: float) -> tuple[Any, Any]:
@@ -65,3 +66,24 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
         ev = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
         eval_data = LimitedAdapter.wrap(ev, validation_steps)
     return train_data, eval_data
+
+
+def check_call_order(train_data: Any, eval_data: Any, batch_size: Any, epochs: Any, convention: str) -> None:
+    """Errors and warnings for positional calls that would silently mean something else in the other convention."""
+    for name, value in (("eval_data", eval_data),):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            order = ("fit(train_data, eval_data, batch_size, epochs, ...)" if convention == "paddle"
+                     else "fit(train_data, eval_data, epochs, batch_size, ...)")
+            raise TypeError(f"{name}={value!r} is a number, not data: this fit is {order}; pass numbers by "
+                            f"keyword (e.g. epochs=10, batch_size=64)")
+    try:
+        n = len(train_data)
+    except TypeError:
+        return
+    bs = batch_size[0] if isinstance(batch_size, (list, tuple)) and batch_size else batch_size
+    loader = hasattr(train_data, "batch_sampler")
+    if convention == "paddle" and isinstance(bs, int) and isinstance(n, int) and 0 < n < bs and epochs == 1 \
+            and not loader:
+        other = "fleetlite.Trainer.fit puts epochs before batch_size"
+        warnings.warn(f"batch_size={bs} is larger than the {n} training samples and epochs=1: did you mean "
+                      f"epochs={bs}? ({other}; pass them by keyword to be sure)", UserWarning, stacklevel=3)

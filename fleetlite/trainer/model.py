@@ -48,9 +48,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .keras_fit import check_call_order
 from .trainer import Trainer
 
-__all__ = ["Model"]
+__all__ = ["Model", "check_call_order"]
 
 _AMP_KEYS = {"init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
              "use_dynamic_loss_scaling", "custom_white_list", "custom_black_list", "custom_black_varnames",
@@ -96,27 +97,6 @@ def _n_forward_inputs(network: nn.Module) -> int | None:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             n += 1
     return n
-
-
-def check_call_order(train_data: Any, eval_data: Any, batch_size: Any, epochs: Any, convention: str) -> None:
-    """Errors and warnings for positional calls that would silently mean something else in the other convention."""
-    for name, value in (("eval_data", eval_data),):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            order = ("fit(train_data, eval_data, batch_size, epochs, ...)" if convention == "paddle"
-                     else "fit(train_data, eval_data, epochs, batch_size, ...)")
-            raise TypeError(f"{name}={value!r} is a number, not data: this fit is {order}; pass numbers by "
-                            f"keyword (e.g. epochs=10, batch_size=64)")
-    try:
-        n = len(train_data)
-    except TypeError:
-        return
-    bs = batch_size[0] if isinstance(batch_size, (list, tuple)) and batch_size else batch_size
-    loader = hasattr(train_data, "batch_sampler")
-    if convention == "paddle" and isinstance(bs, int) and isinstance(n, int) and 0 < n < bs and epochs == 1 \
-            and not loader:
-        other = "fleetlite.Trainer.fit puts epochs before batch_size"
-        warnings.warn(f"batch_size={bs} is larger than the {n} training samples and epochs=1: did you mean "
-                      f"epochs={bs}? ({other}; pass them by keyword to be sure)", UserWarning, stacklevel=3)
 
 
 class Model(Trainer):

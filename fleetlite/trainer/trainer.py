@@ -278,7 +278,7 @@ class Trainer:
         total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
         """
         from . import loops, state
-        from .model import check_call_order
+        from .keras_fit import check_call_order
 
         if not getattr(self, "_paddle_hapi", False):
             check_call_order(train_data, eval_data, batch_size, epochs, "keras")

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ class LRScheduler(Callback):
         with warnings.catch_warnings():
             # a resumed run may reach an epoch end before its first optimizer step: the order is right, torch's
             # heuristic ("lr_scheduler.step() before optimizer.step()") does not know about resuming
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self._step_now(logs)
 
     def _step_now(self, logs):

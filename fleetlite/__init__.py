@@ -14,7 +14,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "DataParallel": ("fleetlite.parallel", "DataParallel"),
     "Trainer": ("fleetlite.trainer", "Trainer"),
-    "Model": ("fleetlite.trainer", "Trainer"),
+    "Model": ("fleetlite.trainer", "Model"),
+    "summary": ("fleetlite.trainer.summary", "summary"),
+    "flops": ("fleetlite.trainer.flops", "flops"),
+    "seed_everything": ("fleetlite.utils.seed", "seed_everything"),
     "fleet": ("fleetlite.distributed.fleet", None),
     "distributed": ("fleetlite.distributed", None),
     "autograd": ("fleetlite.autograd", None),
@@ -24,6 +27,7 @@ _LAZY = {
     "vision": ("fleetlite.vision", None),
     "static": ("fleetlite.static", None),
     "nn": ("fleetlite.nn", None),
+    "hapi": ("fleetlite.hapi", None),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -266,7 +266,7 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
                                       save_steps=cfg.save_steps, keep_last=cfg.keep_last,
                                       async_save=bool(cfg.async_save)))
     if c.terminate_on_nan:  # before ModelCheckpoint runs its saves: a non-finite step is never saved
-        out.append(cb.TerminateOnNaN())
+        out.append(cb.TerminateOnNaN(raise_error=True))
     if c.preemption:  # SIGTERM: all ranks stop after the same step; ModelCheckpoint writes the last state
         out.append(cb.Preemption(save_dir=str(run_dir / CHECKPOINT_SUBDIR)))
     return out

@@ -14,6 +14,7 @@ Example::
 """
 
 from .callback_base import History
+from .model import Model
 from .trainer import Trainer
 
-__all__ = ["Trainer", "History"]
+__all__ = ["Trainer", "Model", "History"]

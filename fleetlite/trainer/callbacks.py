@@ -42,11 +42,20 @@ from .terminate_on_nan import NonFiniteLossError, TerminateOnNaN
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
            "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "TerminateOnNaN", "NonFiniteLossError",
-           "atomic_write_text", "build_callbacks"]
+           "atomic_write_text", "build_callbacks", "ProgBarLogger", "VisualDL", "ReduceLROnPlateau",
+           "LearningRateScheduler", "LambdaCallback", "BackupAndRestore", "config_callbacks", "EMA"]
 
 
 class LRScheduler(Callback):
-    """Step a torch LR scheduler per epoch (default) or per optimizer step.
+    """Step a torch LR scheduler per epoch or per optimizer step (Paddle's ``LRScheduler(by_step, by_epoch)`` too).
+
+    Two ways to call it:
+
+    * Paddle: ``LRScheduler(by_step=True, by_epoch=False)`` (positional ``LRScheduler(False, True)`` too) steps
+      the scheduler that drives the optimizer - the Trainer's ``lr_scheduler`` attribute, else
+      ``optimizer.lr_scheduler``, else the live torch scheduler built on that optimizer. ``fleetlite.Model.fit``
+      adds ``LRScheduler()`` (per step) unless one is given, as Paddle does.
+    * Trainer: ``LRScheduler(scheduler, by_step=False)``: that scheduler, per epoch unless ``by_step=True``.
 
     Its state (the scheduler's ``state_dict``) is saved in checkpoints.
     ``monitor`` feeds an epoch log value to schedulers that need one
@@ -60,10 +69,19 @@ class LRScheduler(Callback):
         LRScheduler(torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=1000), by_step=True)
     """
 
-    def __init__(self, scheduler: Any, by_step: bool = False, by_epoch: bool | None = None,
+    def __init__(self, scheduler: Any = None, by_step: bool | None = None, by_epoch: bool | None = None,
                  monitor: str | None = None) -> None:
         super().__init__()
-        if not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict"):
+        if isinstance(scheduler, bool):  # Paddle's positional order: LRScheduler(by_step, by_epoch)
+            scheduler, by_step, by_epoch = None, scheduler, (by_step if by_epoch is None else by_epoch)
+        self._find = scheduler is None
+        if self._find:  # Paddle's defaults: by_step=True, by_epoch=False
+            by_epoch = bool(by_epoch)
+            by_step = (not by_epoch) if by_step is None else by_step
+            if by_step and by_epoch:
+                raise ValueError("by_step option is mutually exclusive with by_epoch")
+        by_step = bool(by_step)
+        if not self._find and (not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict")):
             raise TypeError(f"LRScheduler wraps a torch LR scheduler (with step() and state_dict()), got "
                             f"{type(scheduler).__name__}; e.g. LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 10))")
         self.scheduler = scheduler
@@ -89,19 +107,28 @@ class LRScheduler(Callback):
                            f"(available: {sorted(logs or {})}); pass eval_data to fit for val_* values")
         self.scheduler.step(float(logs[self.monitor]))
 
+    def on_train_begin(self, logs=None):
+        if self._find:
+            from .hapi_callbacks import find_scheduler
+
+            t = self.trainer
+            self.scheduler = getattr(t, "lr_scheduler", None) or find_scheduler(
+                getattr(t, "user_optimizer", None) or getattr(t, "_optimizer", None))
+
     def on_train_batch_end(self, step, logs=None):
-        if self.by_step and self.trainer.at_step_boundary:
+        if self.scheduler is not None and self.by_step and getattr(self.trainer, "at_step_boundary", True):
             self._step(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.by_epoch:
+        if self.scheduler is not None and self.by_epoch:
             self._step(logs)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict()}
+        return {} if self.scheduler is None else {"scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
 
 
 class CSVLogger(Callback):
@@ -239,3 +266,15 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
     params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq, "batch_size": batch_size,
               "world_size": trainer._connector.world_size}
     return CallbackList(extra + given, trainer=trainer, params=params)
+
+
+from .ema import EMA  # noqa: E402
+from .extra_callbacks import (  # noqa: E402  (they subclass the classes above)
+    BackupAndRestore,
+    LambdaCallback,
+    LearningRateScheduler,
+    ProgBarLogger,
+    ReduceLROnPlateau,
+    VisualDL,
+)
+from .hapi_callbacks import config_callbacks  # noqa: E402

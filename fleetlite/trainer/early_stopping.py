@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from ..utils.user_warning import warn_user
@@ -32,7 +33,20 @@ def missing_monitor(monitor: str, logs: dict[str, Any] | None, params: dict[str,
 
 
 class EarlyStopping(Callback):
-    """Stop training when ``monitor`` has stopped improving.
+    """Stop training when ``monitor`` has stopped improving (Paddle's signature and, under ``fleetlite.Model``,
+    Paddle's behaviour).
+
+    Positional order is Paddle's: ``(monitor, mode, patience, verbose, min_delta, baseline, save_best_model)``;
+    ``restore_best_weights`` and ``start_from_epoch`` (Keras) are keyword-only. ``monitor=None`` means the
+    evaluation loss: ``'loss'`` of the evaluation logs under ``fleetlite.Model`` (Paddle's default),
+    ``'val_loss'`` of the epoch logs under ``fleetlite.Trainer``.
+
+    Under ``fleetlite.Model`` (Paddle): acts after each evaluation of ``fit`` on the evaluation logs, with
+    Paddle's rule (``wait`` resets on improvement, training stops when ``wait >= patience``, so
+    ``patience=0`` stops after the first evaluation) and, with ``save_best_model`` and ``fit(save_dir=...)``,
+    saves ``{save_dir}/best_model`` (Paddle's ``Model.save`` files) at each improvement.
+
+    Under ``fleetlite.Trainer`` (Keras):
 
     An epoch improves when the value beats the best so far by more than
     ``min_delta`` (in the direction of ``mode``); after ``patience`` epochs
@@ -48,13 +62,21 @@ class EarlyStopping(Callback):
         print(stop.stopped_epoch, stop.best)
     """
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
-                 baseline: float | None = None, restore_best_weights: bool = False, verbose: int = 1,
-                 start_from_epoch: int = 0) -> None:
+    def __init__(self, monitor: str | None = None, mode: str = "auto", patience: int = 0, verbose: int = 1,
+                 min_delta: float = 0.0, baseline: float | None = None, save_best_model: bool = True, *,
+                 restore_best_weights: bool = False, start_from_epoch: int = 0) -> None:
         super().__init__()
         if patience < 0:
             raise ValueError(f"EarlyStopping(patience={patience}) must be >= 0")
+        self._monitor_given = monitor
+        monitor = "val_loss" if monitor is None else monitor
         self.monitor = monitor
+        self.save_best_model = save_best_model
+        self.save_dir: str | None = None  # set by fleetlite.Model.fit (Paddle's config_callbacks)
+        if mode not in ("auto", "min", "max"):
+            warnings.warn(f"EarlyStopping mode {mode} is unknown, fallback to auto mode.", stacklevel=2)
+            mode = "auto"
+        self._mode_arg = mode
         self.mode = resolve_mode(mode, monitor)
         self.patience = int(patience)
         self.min_delta = abs(float(min_delta))
@@ -78,9 +100,21 @@ class EarlyStopping(Callback):
         return value > reference + self.min_delta
 
     def on_train_begin(self, logs=None):
+        if getattr(self.trainer, "_paddle_hapi", False):
+            from .hapi_callbacks import paddle_early_stopping_begin
+
+            return paddle_early_stopping_begin(self)
         self._reset()
 
+    def on_eval_end(self, logs=None):
+        if getattr(self.trainer, "_paddle_hapi", False) and getattr(self.trainer, "fitting", False):
+            from .hapi_callbacks import paddle_early_stopping_eval_end
+
+            paddle_early_stopping_eval_end(self, logs)
+
     def on_epoch_end(self, epoch, logs=None):
+        if getattr(self.trainer, "_paddle_hapi", False):
+            return
         logs = logs or {}
         if self.monitor not in logs:
             if not self._warned and missing_monitor(self.monitor, logs, self.params):
@@ -107,6 +141,8 @@ class EarlyStopping(Callback):
             self.trainer.stop_training = True
 
     def on_train_end(self, logs=None):
+        if getattr(self.trainer, "_paddle_hapi", False):
+            return
         if self.stopped_epoch > 0 and self.verbose and is_rank_zero():
             print(f"Epoch {self.stopped_epoch}: early stopping ({self.monitor} did not improve on "
                   f"{self.best:.6g} for {self.wait} epochs)")

@@ -132,7 +132,7 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
 
     acc = t._accumulate
     resume = None
-    start_epoch = 0
+    start_epoch = getattr(t, "_initial_epoch", 0)  # Keras' initial_epoch; a resumed run's position wins
     if resume_state is not None:
         prog = resume_state["progress"]
         entry, sums = rank_entry(resume_state, collective.get_rank(), collective.get_world_size())
@@ -192,7 +192,7 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
         if not ended:  # Note [epoch end]
             break
         logs = _epoch_logs(t, reduce=train.sharded)
-        if evaluation is not None and (epoch + 1) % eval_freq == 0:
+        if evaluation is not None and t._eval_due(epoch, eval_freq):
             val = run_evaluate(t, evaluation, callbacks)
             logs.update({f"val_{k}": v for k, v in val.items()})
         t.epoch_finished = True

@@ -17,17 +17,19 @@ Example::
     from fleetlite.trainer.metrics import Accuracy  # also fleetlite.metric.Accuracy
 
     m = Accuracy(topk=(1, 2))
-    m.update(m.compute(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1])))
+    print(m.update(m.compute(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))))  # [0.5, 1.0]
     print(m.name(), m.accumulate())   # ['acc_top1', 'acc_top2'] [0.5, 1.0]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["Metric", "Accuracy", "MetricReductionError", "reduce_sums"]
+__all__ = ["Metric", "Accuracy", "MetricReductionError", "reduce_sums", "as_tensor"]
 
 
 class MetricReductionError(RuntimeError):
@@ -123,65 +125,135 @@ class Metric:
         return [n] if isinstance(n, str) else list(n)
 
 
-class Accuracy(Metric):
-    """Top-k classification accuracy (Paddle's ``paddle.metric.Accuracy``).
+def as_tensor(x: Any, what: str = "input") -> torch.Tensor:
+    """``x`` as a tensor: torch tensors are kept (detached), numpy arrays/scalars converted (Paddle accepts both)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (np.ndarray, np.generic)):
+        return torch.from_numpy(np.asarray(x))
+    raise ValueError(f"{what} must be a numpy ndarray or a torch.Tensor, got {type(x).__name__}")
 
-    ``compute(pred, label)`` takes logits/probabilities ``(N, C)`` and labels
-    ``(N,)`` or ``(N, 1)``; ``accumulate()`` returns a float for a single
-    ``k`` and a list for several. State: correct counts per ``k`` and the
-    number of samples (exact integers, summed across ranks).
+
+class PerK(list):
+    """Paddle's per-k list (``Accuracy.total``/``count``); ``.item()`` gives the value when every k shares it."""
+
+    def item(self):
+        if len(set(self)) != 1:
+            raise ValueError(f"the per-k values {list(self)} differ; index them (e.g. [0]) instead of .item()")
+        return self[0]
+
+
+class Accuracy(Metric):
+    """Top-k classification accuracy (Paddle's ``paddle.metric.Accuracy``), exact across ranks.
+
+    ``compute(pred, label)`` takes scores ``(N, ..., C)`` and labels ``(N,)``,
+    ``(N, ..., 1)`` or one-hot ``(N, ..., C)`` and returns the correct mask
+    ``(N, ..., maxk)`` (leading dimensions kept, as Paddle); ``update(correct)``
+    accepts that mask as a tensor or a numpy array and returns the batch
+    accuracy (a float, or a list with one per k); ``accumulate()`` the running
+    value(s). ``total``/``count`` are per-k lists, as in Paddle.
+
+    **Single-column predictions** (``C == 1``: a sigmoid or ``BCEWithLogitsLoss``
+    model). Paddle takes the top-1 of one column, which is always column 0, so
+    perfect predictions score the fraction of label-0 samples (0.5 on balanced
+    data) - a plausible, wrong number. fleetlite computes *binary accuracy*
+    instead, as Keras' ``"accuracy"`` does for one output column: a sample is
+    predicted positive when ``pred > threshold`` (Keras' ``BinaryAccuracy``) and
+    compared with ``label > 0.5``. ``threshold`` defaults to 0.5 for
+    probabilities; with logits pass ``threshold=0.0``. Without an explicit
+    threshold, values outside ``[0, 1]`` (logits) raise a ValueError rather than
+    being thresholded at 0.5. ``topk`` above 1 with one column is an error.
 
     Example::
 
         m = Accuracy()
         correct = m.compute(torch.tensor([[2.0, 1.0], [0.0, 3.0]]), torch.tensor([0, 0]))
-        m.update(correct)
-        assert m.accumulate() == 0.5 and m.name() == ["acc"]
+        assert m.update(correct) == 0.5 and m.accumulate() == 0.5 and m.name() == ["acc"]
+        b = Accuracy(threshold=0.0)   # one logit column
+        b.update(b.compute(torch.tensor([[2.0], [-1.0]]), torch.tensor([[1.0], [0.0]])))
+        assert b.accumulate() == 1.0
     """
 
-    def __init__(self, topk: Sequence[int] = (1,), name: str | None = None) -> None:
+    def __init__(self, topk: int | Sequence[int] = (1,), name: str | None = None, *args,
+                 threshold: float | None = None, **kwargs) -> None:
         super().__init__()
         topk = tuple(int(k) for k in (topk if isinstance(topk, (list, tuple)) else (topk,)))
         if not topk or any(k < 1 for k in topk):
             raise ValueError(f"Accuracy(topk={topk!r}): every k must be a positive integer, e.g. topk=(1, 5)")
         self.topk = topk
         self.maxk = max(topk)
+        self.threshold = threshold
         base = name or "acc"
         self._names = [f"{base}_top{k}" for k in topk] if self.maxk != 1 else [base]
-        self.add_state("correct", torch.zeros(len(topk), dtype=torch.float64))
-        self.add_state("count", torch.zeros((), dtype=torch.float64))
+        self.add_state("_total", torch.zeros(len(topk), dtype=torch.float64))
+        self.add_state("_count", torch.zeros(len(topk), dtype=torch.float64))
 
-    def compute(self, pred: torch.Tensor, label: torch.Tensor, *args) -> torch.Tensor:
-        if pred.dim() < 2:
+    @property
+    def total(self) -> list[float]:
+        """Correct predictions per k (Paddle's ``Accuracy.total``)."""
+        return PerK(self._total.tolist())
+
+    @property
+    def count(self) -> list[int]:
+        """Samples counted per k (Paddle's ``Accuracy.count``; ``count.item()``: the samples, same for every k)."""
+        return PerK(int(c) for c in self._count.tolist())
+
+    def compute(self, pred: Any, label: Any, *args) -> torch.Tensor:
+        pred, label = as_tensor(pred, "pred"), as_tensor(label, "label").to(as_tensor(pred).device)
+        if pred.dim() < 1:
             raise ValueError(f"Accuracy expects predictions of shape (N, C), got {tuple(pred.shape)}")
+        if pred.shape[-1] == 1:
+            return self._binary(pred, label)
         if pred.shape[-1] < self.maxk:
             raise ValueError(f"Accuracy(topk={self.topk}) needs at least {self.maxk} classes, "
                              f"but predictions have {pred.shape[-1]}")
-        label = label.reshape(-1) if label.dim() > 1 and label.shape[-1] == 1 else label
-        if label.dim() > 1:  # one-hot or soft labels
-            label = label.argmax(-1)
-        top = pred.reshape(-1, pred.shape[-1]).topk(self.maxk, dim=-1).indices
-        return (top == label.reshape(-1, 1).to(top.device)).to(torch.float32)
+        top = pred.topk(self.maxk, dim=-1).indices
+        if label.dim() == 1 or (label.dim() == 2 and label.shape[-1] == 1):
+            label = label.reshape(-1, 1)
+        elif label.shape[-1] != 1:  # one-hot or soft labels
+            label = label.argmax(-1, keepdim=True)
+        return (top == label.to(top.device)).to(torch.float32)
 
-    def update(self, correct: torch.Tensor, *args) -> torch.Tensor:
-        """Add a batch; returns the batch's accuracy per k (a tensor on the batch's device, no sync).
+    def _binary(self, pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        if self.maxk > 1:
+            raise ValueError(f"Accuracy(topk={self.topk}) on single-column predictions {tuple(pred.shape)}: top-k "
+                             "needs k classes; with one (binary) column use Accuracy() (binary accuracy)")
+        if label.numel() != pred.numel():
+            raise ValueError(f"Accuracy on single-column predictions {tuple(pred.shape)} needs one binary label per "
+                             f"sample, got labels of shape {tuple(label.shape)}")
+        threshold = self.threshold
+        if threshold is None:
+            lo, hi = pred.aminmax() if pred.numel() else (pred.new_zeros(()), pred.new_zeros(()))
+            if lo.item() < 0.0 or hi.item() > 1.0:
+                raise ValueError(
+                    f"Accuracy on single-column predictions: values range over [{lo.item():.4g}, {hi.item():.4g}], "
+                    "so they are logits, not probabilities; thresholding them at 0.5 would give a wrong accuracy. "
+                    "Pass Accuracy(threshold=0.0) for logits (or apply a sigmoid in the model)")
+            threshold = 0.5
+        positive = pred > threshold
+        return (positive == (label.reshape(pred.shape) > 0.5)).to(torch.float32)
 
-        The sums stay on the batch's device until they are read or reduced.
-        """
-        correct = correct.detach()
-        n = correct.shape[0]
-        sums = torch.stack([correct[:, :k].sum() for k in self.topk]).to(torch.float64)
-        self.correct = self.correct.to(sums.device) + sums
-        self.count = self.count.to(sums.device) + n
-        accs = sums / max(n, 1)
+    def _update_lazy(self, correct: Any, *args) -> None:
+        """``update`` without reading the result back (no device sync; the Trainer's per-batch path)."""
+        correct = as_tensor(correct, "correct")
+        n = correct[..., 0].numel() if correct.dim() else 1
+        sums = torch.stack([correct[..., :k].sum() for k in self.topk]).to(torch.float64)
+        self._total = self._total.to(sums.device) + sums
+        self._count = self._count.to(sums.device) + n
+        return sums, n
+
+    def update(self, correct: Any, *args) -> float | list[float]:
+        """Add a batch's correct mask (tensor or numpy); returns the batch accuracy (list for several k)."""
+        sums, n = self._update_lazy(correct)
+        accs = [float(s) / n if n else 0.0 for s in sums.tolist()]
         return accs[0] if len(self.topk) == 1 else accs
 
     def accumulate_tensor(self) -> torch.Tensor:
-        accs = self.correct / self.count.clamp(min=1)
+        accs = self._total / self._count.clamp(min=1)
         return accs[0] if len(self.topk) == 1 else accs
 
     def accumulate(self) -> float | list[float]:
-        accs = (self.correct / self.count.clamp(min=1)).tolist()
+        accs = [t / c if c > 0 else 0.0 for t, c in zip(self._total.tolist(), self._count.tolist())]
         return accs[0] if len(self.topk) == 1 else accs
 
     def name(self) -> list[str]:
@@ -200,6 +272,9 @@ def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) ->
         return extra
     parts: list[torch.Tensor] = []
     for m in metrics:
+        if hasattr(m, "_sync"):  # a torchmetrics metric: it gathers its own states in compute()
+            m._sync = True
+            continue
         if not m.state_names():
             raise MetricReductionError(
                 f"metric {type(m).__name__} ({m.names()}) registers no summable state, so it cannot be combined "
@@ -216,6 +291,8 @@ def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) ->
     flat = flat.cpu()
     offset = 0
     for m in metrics:
+        if hasattr(m, "_sync"):
+            continue
         for n in m.state_names():
             cur = getattr(m, n)
             setattr(m, n, flat[offset:offset + cur.numel()].reshape(cur.shape).to(cur.dtype))

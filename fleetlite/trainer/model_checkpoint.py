@@ -41,6 +41,12 @@ class ModelCheckpoint(Callback):
     at most one save in flight, the last one waited for at the end of
     training), or with ``sharded=True``.
 
+    ``save_top_k=k`` (keyword, with ``monitor``) keeps ``top-epoch-NNNN.pt`` for the k best epochs.
+
+    Paddle's positional order ``ModelCheckpoint(save_freq, save_dir)`` is recognised (an int first). Under
+    ``fleetlite.Model`` it behaves as Paddle's: ``Model.save`` prefixes ``{save_dir}/{epoch}`` when
+    ``epoch % save_freq == 0`` and ``{save_dir}/final``, written by rank 0; no directory means no saving.
+
     Example::
 
         ckpt = ModelCheckpoint("runs/a", save_freq=1, save_steps=200, keep_last=3, monitor="val_acc")
@@ -51,8 +57,14 @@ class ModelCheckpoint(Callback):
     def __init__(self, save_dir: str | None = None, save_freq: int | None = 1, save_steps: int | None = None,
                  keep_last: int | None = None, monitor: str | None = None, mode: str = "auto",
                  min_delta: float = 0.0, save_last: bool = True, verbose: int = 0, async_save: bool = False,
-                 sharded: bool | None = None) -> None:
+                 sharded: bool | None = None, *, save_top_k: int | None = None) -> None:
         super().__init__()
+        if save_top_k is not None and (not isinstance(save_top_k, int) or save_top_k < 1 or monitor is None):
+            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) needs a positive integer and a monitor")
+        self.save_top_k = save_top_k
+        self.top_k: list[tuple[float, str]] = []  # (value, file) of the kept best epochs, best first
+        if isinstance(save_dir, int) and not isinstance(save_dir, bool):  # Paddle's order: (save_freq, save_dir)
+            save_dir, save_freq = (save_freq if save_freq != 1 else None), save_dir
         for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"ModelCheckpoint({name}={v!r}) must be a positive integer or None")
@@ -76,7 +88,13 @@ class ModelCheckpoint(Callback):
         self._warned = False
 
     # -- decisions (in the hooks) -------------------------------------------------
+    def _paddle(self) -> bool:
+        """Under ``fleetlite.Model``: Paddle's ModelCheckpoint (``{save_dir}/{epoch}`` and ``final`` prefixes)."""
+        return getattr(self.trainer, "_paddle_hapi", False)
+
     def on_train_begin(self, logs=None):
+        if self._paddle():
+            return
         d = self.save_dir or getattr(self.trainer, "save_dir", None)
         if d is None:
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
@@ -108,10 +126,16 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer
+        if self._paddle():
+            return
         if self.save_steps and t.at_step_boundary and t.global_step % self.save_steps == 0:
             self._request(f"step-{t.global_step:08d}.pt", best=False)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._paddle():
+            from .hapi_callbacks import paddle_checkpoint_epoch_end
+
+            return paddle_checkpoint_epoch_end(self, epoch)
         best = False
         if self.monitor is not None and not self._warned and missing_monitor(self.monitor, logs, self.params):
             self._warned = True
@@ -123,12 +147,37 @@ class ModelCheckpoint(Callback):
             if self.best is None or (value < self.best - self.min_delta if self.mode == "min"
                                      else value > self.best + self.min_delta):
                 self.best, self.best_epoch, best = value, epoch, True
+            if self.save_top_k:
+                self._keep_top_k(epoch, value)
         periodic = bool(self.save_freq) and (epoch + 1) % self.save_freq == 0
         if periodic or best:
             self._request(f"epoch-{epoch:04d}.pt" if periodic else "best.pt", best=best, periodic=periodic)
 
+    def _keep_top_k(self, epoch: int, value: float) -> None:
+        """Lightning's ``save_top_k``: ``top-epoch-NNNN.pt`` for the k best epochs by ``monitor``/``mode``."""
+        name = f"top-epoch-{epoch:04d}.pt"
+        ranked = sorted(self.top_k + [(value, name)], key=lambda vn: vn[0], reverse=self.mode == "max")
+        kept, dropped = ranked[: self.save_top_k], ranked[self.save_top_k:]
+        self.top_k = kept
+        if (value, name) in kept:
+            path, old = self.directory / name, tuple(self.directory / n for _, n in dropped)
+
+            def write():
+                self.trainer.save_checkpoint(path)
+                if is_rank_zero():
+                    for f in old:
+                        f.unlink(missing_ok=True)
+
+            self.trainer.request_save(write)
+
     def on_train_end(self, logs=None):
         t = self.trainer
+        if self._paddle():
+            from .hapi_callbacks import paddle_checkpoint_train_end
+
+            return paddle_checkpoint_train_end(self)
+        if getattr(t, "terminated_on_nan", None) is not None:
+            return  # TerminateOnNaN: the weights are broken; the last good checkpoint stays latest
         if self.save_last and self._last_saved_step != t.global_step and t.global_step > 0:
             name = f"epoch-{t.epoch:04d}.pt" if t.epoch_finished else f"step-{t.global_step:08d}.pt"
             self._request(name, best=False)
@@ -210,9 +259,11 @@ class ModelCheckpoint(Callback):
                 shutil.rmtree(self.directory / old, ignore_errors=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch}
+        return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch,
+                "top_k": [list(vn) for vn in self.top_k]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = list(state["saved"])
         self.best = state["best"]
         self.best_epoch = state["best_epoch"]
+        self.top_k = [tuple(vn) for vn in state.get("top_k", [])]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .callback_base import Callback
+from .callback_base import Callback, is_rank_zero
 
 __all__ = ["TerminateOnNaN", "NonFiniteLossError"]
 
@@ -37,23 +37,30 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class TerminateOnNaN(Callback):
-    """Raise :class:`NonFiniteLossError` on every rank at the first step whose loss is not finite.
+    """Keras' ``TerminateOnNaN``: stop every rank at the first step whose training loss is not finite.
 
-    Checked every ``check_freq`` optimizer steps (see Note [non-finite loss]);
-    the checkpoints written before the bad step, ``latest.pt`` included, are
-    kept. The recipes add it by default (``trainer.callbacks.terminate_on_nan``).
+    The finiteness flag is agreed across ranks (one tiny all-reduce per
+    checked step, see Note [non-finite loss]), so every rank stops after the
+    same step; ``trainer.terminated_on_nan`` holds that global step. The
+    checkpoints written before the bad step, ``latest.pt`` included, are kept
+    (no final checkpoint of the broken weights). As in Keras, ``fit`` then
+    returns; ``raise_error=True`` (the recipes' default, through
+    ``trainer.callbacks.terminate_on_nan``) raises :class:`NonFiniteLossError`
+    on every rank instead, with the step and what to try. Checked every
+    ``check_freq`` optimizer steps.
 
     Example::
 
         trainer.fit(data, epochs=10, save_dir="runs/a", callbacks=[TerminateOnNaN()])
-        # fleetlite.callbacks.NonFiniteLossError: non-finite loss (NaN or inf) at optimizer step 12 ...
+        trainer.terminated_on_nan    # None, or the optimizer step where the loss went NaN/inf
     """
 
-    def __init__(self, check_freq: int = 1) -> None:
+    def __init__(self, check_freq: int = 1, raise_error: bool = False) -> None:
         super().__init__()
         if isinstance(check_freq, bool) or not isinstance(check_freq, int) or check_freq < 1:
             raise ValueError(f"TerminateOnNaN(check_freq={check_freq!r}) must be a positive integer")
         self.check_freq = check_freq
+        self.raise_error = bool(raise_error)
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer
@@ -65,12 +72,17 @@ class TerminateOnNaN(Callback):
         ranks = _agree(bad, t.device)
         if not ranks:
             return
+        t.terminated_on_nan = t.global_step
+        t.stop_training = True
         where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-        raise NonFiniteLossError(
-            f"non-finite loss (NaN or inf) at optimizer step {t.global_step} (epoch {t.epoch}, batch {step}) on "
-            f"{where}: training stopped on every rank; checkpoints written before it are kept and latest.pt is "
-            "never replaced by non-finite weights. Try a lower learning rate (e.g. optim.lr), gradient clipping, "
-            "or float32 instead of amp", t.global_step, ranks)
+        message = (f"non-finite loss (NaN or inf) at optimizer step {t.global_step} (epoch {t.epoch}, batch {step}) "
+                   f"on {where}: training stopped on every rank; checkpoints written before it are kept and "
+                   "latest.pt is never replaced by non-finite weights. Try a lower learning rate (e.g. optim.lr), "
+                   "gradient clipping, or float32 instead of amp")
+        if self.raise_error:
+            raise NonFiniteLossError(message, t.global_step, ranks)
+        if is_rank_zero():
+            print(f"Batch {step}: invalid loss, terminating training ({message})")
 
 
 def _agree(bad: torch.Tensor, device: torch.device) -> list[int]:

@@ -69,6 +69,7 @@ class Trainer:
         self._connector = Connector(strategy, device)
         self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
+        self.grad_clip: list[Any] = []
         # progress, read by callbacks
         self.epoch = 0
         self.global_step = 0
@@ -77,6 +78,7 @@ class Trainer:
         self.at_step_boundary = True
         self.stop_training = False
         self.preempted: str | None = None  # the signal that stopped fit (see fleetlite.callbacks.Preemption)
+        self.terminated_on_nan: int | None = None  # the step where TerminateOnNaN stopped fit
         self.fitting = False
         self.save_dir: Path | None = None
         self._accumulate = 1
@@ -92,7 +94,11 @@ class Trainer:
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
         if loss is not None and not callable(loss):
             raise TypeError(f"loss must be callable as loss(outputs, labels), got {type(loss).__name__}")
-        metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) else list(metrics))
+        from .torchmetrics_adapter import TorchMetric, is_torchmetric
+
+        metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) or is_torchmetric(metrics)
+                                               else list(metrics))
+        metrics = [TorchMetric(m) if is_torchmetric(m) else m for m in metrics]
         for m in metrics:
             if not isinstance(m, Metric):
                 raise TypeError(f"metrics must be fleetlite.metric.Metric instances, got {type(m).__name__}; "
@@ -106,8 +112,26 @@ class Trainer:
         self.metrics: list[Metric] = metrics
 
     def compile(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., torch.Tensor] | None = None,
-                metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None) -> Trainer:
-        """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy."""
+                metrics: Metric | Sequence[Metric] | None = None, strategy: Any = None, *, grad_clip: Any = None,
+                clipnorm: float | None = None, clipvalue: float | None = None,
+                global_clipnorm: float | None = None, ema_decay: float | None = None) -> Trainer:
+        """Keras' ``compile`` (Paddle's ``prepare``): set the optimizer, loss, metrics and strategy.
+
+        Gradient clipping (see :mod:`fleetlite.trainer.clipping`): Keras' ``clipnorm`` (each tensor),
+        ``global_clipnorm``, ``clipvalue``, or Paddle's ``grad_clip=ClipGradByGlobalNorm(...)`` (also read from
+        ``optimizer._grad_clip``); applied once per step after the all-reduce, the accumulation and amp unscaling.
+        ``ema_decay``: keep an EMA of the weights in ``trainer.ema`` (a :class:`~fleetlite.callbacks.EMA` that
+        ``fit`` adds to its callbacks).
+        """
+        if ema_decay is not None:
+            from .ema import EMA
+
+            self.ema = EMA(ema_decay)
+        from .clipping import resolve_grad_clip
+
+        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
+                                                                                              None),
+                                           clipnorm, clipvalue, global_clipnorm)
         if strategy is not None:
             if self._connector._started:
                 raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
@@ -194,6 +218,10 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Step the optimizer and clear the gradients; only at a step boundary (accumulation)."""
         if self.at_step_boundary:
+            if self.grad_clip:
+                from .clipping import clip_gradients
+
+                clip_gradients(self)  # Note [clip order]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -209,7 +237,8 @@ class Trainer:
         labels = trim_batch(list(labels), n)
         for m in self.metrics:
             res = m.compute(*outs, *labels)
-            m.update(*(res if isinstance(res, (list, tuple)) else (res,)))
+            update = getattr(m, "_update_lazy", m.update)  # fleetlite's metrics: no device sync per batch
+            update(*(res if isinstance(res, (list, tuple)) else (res,)))
 
     def train_step(self, batch: Any) -> dict[str, Any]:
         """One training batch: forward, loss, backward, optimizer step (at boundaries), metrics.
@@ -218,9 +247,13 @@ class Trainer:
         pattern: override and use ``self.parallel_network``, ``self.backward``,
         ``self.optimizer_step``, ``self.update_metrics``.
         """
+        from .weighting import batch_weights, split_weights, weighted_loss
+
+        batch, sample = split_weights(self, batch)  # Keras' sample_weight / class_weight
         inputs, labels = self.split_batch(batch)
         outputs = self.parallel_network(*inputs)
-        loss = self.compute_loss(outputs, labels)
+        weights = batch_weights(self, labels, sample)
+        loss = self.compute_loss(outputs, labels) if weights is None else weighted_loss(self, outputs, labels, weights)
         self.backward(loss)
         self.optimizer_step()
         self.update_metrics(outputs, labels)
@@ -245,8 +278,13 @@ class Trainer:
             log_freq: int = 10, callbacks: Sequence[Callback] | None = None, shuffle: bool = True,
             drop_last: bool = False, num_workers: int = 0, accumulate_grad_batches: int = 1,
             num_iters: int | None = None, resume: Any = None, save_dir: str | os.PathLike | None = None,
-            verbose: int = 1, seed: int = 0) -> History:
+            verbose: int = 1, seed: int = 0, *, validation_split: float = 0.0, steps_per_epoch: int | None = None,
+            validation_steps: int | None = None, initial_epoch: int = 0,
+            class_weight: dict[int, float] | None = None, sample_weight: Any = None) -> History:
         """Train for ``epochs`` epochs; returns the :class:`~fleetlite.callbacks.History`.
+
+        Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``: see
+        :mod:`fleetlite.trainer.keras_fit`; ``class_weight``, ``sample_weight``: :mod:`fleetlite.trainer.weighting`.
 
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
         falling back with a warning), ``"auto"`` (same, or a fresh start), a
@@ -257,10 +295,21 @@ class Trainer:
         total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
         """
         from . import loops, state
+        from .keras_fit import check_call_order
 
         xy = keras_xy(train_data, eval_data, "fit")
         if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
             train_data, eval_data = xy, None
+        if not getattr(self, "_paddle_hapi", False):
+            check_call_order(train_data, eval_data, batch_size, epochs, "keras")
+        self.terminated_on_nan = None
+        from .keras_fit import apply_keras_options
+        from .weighting import configure_weights
+
+        train_data = configure_weights(self, train_data, class_weight, sample_weight)
+        train_data, eval_data = apply_keras_options(self, train_data, eval_data, batch_size, shuffle, drop_last,
+                                                    num_workers, seed, validation_split, steps_per_epoch,
+                                                    validation_steps, initial_epoch)
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -281,6 +330,8 @@ class Trainer:
                                                                       num_workers, 0, pin, "eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
+        if getattr(self, "ema", None) is not None and not any(c is self.ema for c in callbacks or []):
+            callbacks = [*(callbacks or []), self.ema]  # compile(ema_decay=...)
         cbs = self._make_callbacks(callbacks, verbose, log_freq, epochs, train, batch_size)
         cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
         ckpt_dir = self.save_dir
@@ -289,6 +340,8 @@ class Trainer:
 
             dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
             ckpt_dir = Path(dirs[0]) if dirs else None
+        if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
+            resume = "auto"  # BackupAndRestore
         if resume is None:
             state.warn_if_overwriting(ckpt_dir)
         path = state.resolve_resume(resume, ckpt_dir)
@@ -334,6 +387,10 @@ class Trainer:
         adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, pin, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
         return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
+
+    def _eval_due(self, epoch: int, eval_freq: int) -> bool:
+        """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""
+        return (epoch + 1) % eval_freq == 0
 
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
     def request_save(self, fn: Callable[[], None]) -> None:

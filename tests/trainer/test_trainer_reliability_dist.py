@@ -108,7 +108,7 @@ def _diverge(rank, world, save_dir):
     t = bn_trainer()
     try:
         t.fit(_PoisonOnRank1(*xy(40)), epochs=2, batch_size=2, shuffle=False, verbose=0,
-              callbacks=[ModelCheckpoint(save_dir, save_freq=None, save_steps=1), TerminateOnNaN()])
+              callbacks=[ModelCheckpoint(save_dir, save_freq=None, save_steps=1), TerminateOnNaN(raise_error=True)])
     except NonFiniteLossError as e:
         return str(e), t.global_step
     return None, t.global_step

@@ -1,0 +1,120 @@
+"""Gradient clipping: Paddle's ``ClipGradByGlobalNorm`` / ``ClipGradByNorm`` / ``ClipGradByValue`` and Keras'
+``clipnorm`` / ``clipvalue`` / ``global_clipnorm``, on torch's ``clip_grad_norm_`` / ``clip_grad_value_``.
+
+# Note [clip order]
+The Trainer clips once per optimizer step, right before ``optimizer.step()``:
+after the all-reduce (every rank clips the same averaged gradient, so the
+ranks stay identical), after gradient accumulation (the merged gradient is
+clipped once, not each micro-batch), and, with float16 amp, after unscaling
+(``amp.unscale_``: the threshold applies to true gradients; a step whose
+gradients overflowed is still skipped by the scaler).
+
+Example::
+
+    trainer.compile(opt, loss, global_clipnorm=1.0)                       # Keras
+    trainer.compile(opt, loss, grad_clip=ClipGradByGlobalNorm(1.0))       # Paddle
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients"]
+
+
+class ClipGradBase:
+    def __call__(self, params: Iterable[torch.nn.Parameter]) -> None:
+        raise NotImplementedError
+
+
+class ClipGradByGlobalNorm(ClipGradBase):
+    """Scale all gradients together so their global L2 norm is at most ``clip_norm`` (Paddle's class).
+
+    Example::
+
+        ClipGradByGlobalNorm(1.0)(model.parameters())   # = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    """
+
+    def __init__(self, clip_norm: float, group_name: str = "default_group", auto_skip_clip: bool = False) -> None:
+        if not clip_norm > 0:
+            raise ValueError(f"ClipGradByGlobalNorm(clip_norm={clip_norm!r}) must be > 0")
+        self.clip_norm = float(clip_norm)
+        self.group_name = group_name
+        self.auto_skip_clip = auto_skip_clip
+
+    def __call__(self, params):
+        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm)
+
+
+class ClipGradByNorm(ClipGradBase):
+    """Clip each gradient tensor to L2 norm ``clip_norm`` on its own (Paddle's class; Keras' ``clipnorm``).
+
+    Example::
+
+        ClipGradByNorm(1.0)(model.parameters())
+    """
+
+    def __init__(self, clip_norm: float) -> None:
+        if not clip_norm > 0:
+            raise ValueError(f"ClipGradByNorm(clip_norm={clip_norm!r}) must be > 0")
+        self.clip_norm = float(clip_norm)
+
+    def __call__(self, params):
+        for p in params:
+            if p.grad is not None:
+                torch.nn.utils.clip_grad_norm_([p], self.clip_norm)
+
+
+class ClipGradByValue(ClipGradBase):
+    """Clamp every gradient element to ``[min, max]`` (``min`` defaults to ``-max``; Paddle's class).
+
+    Example::
+
+        ClipGradByValue(0.5)(model.parameters())   # = torch.nn.utils.clip_grad_value_(params, 0.5)
+    """
+
+    def __init__(self, max: float, min: float | None = None) -> None:  # noqa: A002 (Paddle's names)
+        min = -max if min is None else min
+        if not min < max:
+            raise ValueError(f"ClipGradByValue(max={max!r}, min={min!r}): min must be smaller than max")
+        self.max, self.min = float(max), float(min)
+
+    def __call__(self, params):
+        for p in params:
+            if p.grad is not None:
+                p.grad.clamp_(self.min, self.max)
+
+
+def resolve_grad_clip(grad_clip: Any = None, clipnorm: float | None = None, clipvalue: float | None = None,
+                      global_clipnorm: float | None = None) -> list[ClipGradBase]:
+    """The clippers to apply, from Paddle's ``grad_clip`` object and/or Keras' numbers."""
+    out: list[ClipGradBase] = []
+    if grad_clip is not None:
+        if not callable(grad_clip):
+            raise TypeError(f"grad_clip must be a ClipGradBy* object (or a callable taking the parameters), got "
+                            f"{type(grad_clip).__name__}")
+        out.append(grad_clip)
+    if clipnorm is not None and global_clipnorm is not None:
+        raise ValueError("clipnorm (per tensor) and global_clipnorm (all tensors together) cannot both be set "
+                         "(as in Keras); choose one")
+    if global_clipnorm is not None:
+        out.append(ClipGradByGlobalNorm(global_clipnorm))
+    if clipnorm is not None:
+        out.append(ClipGradByNorm(clipnorm))
+    if clipvalue is not None:
+        out.append(ClipGradByValue(clipvalue))
+    return out
+
+
+def clip_gradients(trainer) -> None:
+    """Apply the trainer's clippers at an optimizer step (see Note [clip order])."""
+    opt = trainer.optimizer
+    amp = getattr(opt, "amp", None)
+    if amp is not None and amp.uses_scaler:
+        amp.unscale_(opt.inner_opt)
+    params = [p for p in trainer.network.parameters() if p.requires_grad]
+    for clip in trainer.grad_clip:
+        clip(params)

@@ -1,0 +1,405 @@
+"""``fleetlite.Model``: Paddle's ``paddle.Model`` (hapi), exactly, as a thin layer over the Trainer.
+
+Same names, positional order, defaults, schedules and return layouts as
+Paddle's ``python/paddle/hapi/model.py``; the training machinery (data
+adapters, distributed engine, exact metrics, checkpoints) is the Trainer's.
+Differences from :class:`fleetlite.Trainer` (the Keras-style face):
+
+=====================  ===================================  ==========================================
+                       ``fleetlite.Model`` (Paddle)          ``fleetlite.Trainer`` (Keras/torch)
+=====================  ===================================  ==========================================
+fit order / defaults   ``(train_data, eval_data,            ``(train_data, eval_data, epochs=1,
+                       batch_size=1, epochs=1, ...)``        batch_size=32, ...)``
+evaluation schedule    after epochs with                    after epochs with
+                       ``epoch % eval_freq == 0``            ``(epoch + 1) % eval_freq == 0``
+``fit(save_dir)``      ``{save_dir}/{epoch}.pdparams/.pdopt`` full-state ``epoch-NNNN.pt``, ``latest.pt``
+                       (``epoch % save_freq == 0``), ``final``
+LR scheduler           stepped per batch by default          only with an ``LRScheduler`` callback
+                       (``LRScheduler(by_step=True)`` added)
+gradient accumulation  gradients summed (Paddle)             mean over the micro-batches
+``evaluate`` result    ``{'loss': [value], 'acc': ...}``     ``{'loss': value, 'acc': ...}``
+batch/predict outputs  numpy arrays                          torch tensors
+EarlyStopping          acts on evaluation logs (``'loss'``)  acts on epoch logs (``'val_loss'``)
+=====================  ===================================  ==========================================
+
+The evaluation loss is the mean over every sample (Paddle reports the last
+batch's loss); it is exact across ranks, as the metrics are.
+
+Example::
+
+    import torch, fleetlite
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    model = fleetlite.Model(net)
+    model.prepare(torch.optim.Adam(net.parameters(), 1e-3), torch.nn.CrossEntropyLoss(),
+                  fleetlite.metric.Accuracy())
+    model.fit(train_set, val_set, 64, 2)            # Paddle's positional order: batch_size, epochs
+    print(model.evaluate(val_set, batch_size=64))   # {'loss': [...], 'acc': ...}
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .keras_fit import check_call_order
+from .trainer import Trainer
+
+__all__ = ["Model", "check_call_order"]
+
+_AMP_KEYS = {"init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
+             "use_dynamic_loss_scaling", "custom_white_list", "custom_black_list", "custom_black_varnames",
+             "use_pure_fp16", "use_fp16_guard", "dtype"}
+
+
+def _to_list(x: Any) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _numpy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+    if isinstance(x, (list, tuple)):
+        return [_numpy(v) for v in x]
+    return x
+
+
+def _verify_spec(specs: Any, kind: str) -> list | None:
+    if specs is None:
+        return None
+    specs = _to_list(specs)
+    for i, s in enumerate(specs):
+        if getattr(s, "name", "") is None:
+            raise ValueError(f"Model({kind}=...): {kind}[{i}] needs a name (Paddle's rule for InputSpec), got "
+                             f"{s!r}; give it one, e.g. InputSpec([None, 784], 'float32', 'x')")
+    return specs
+
+
+def _n_forward_inputs(network: nn.Module) -> int | None:
+    """Positional parameters of ``forward`` (Paddle: one input per argument name), None with ``*args``."""
+    try:
+        params = inspect.signature(network.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    n = 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            n += 1
+    return n
+
+
+class Model(Trainer):
+    """Paddle's ``paddle.Model`` over the fleetlite Trainer (see the module docstring for the differences).
+
+    Args:
+        network: the ``nn.Module``.
+        inputs: Paddle's input specs (objects with ``shape``, ``dtype``, ``name``; a name is required), or None.
+            Their number decides how a batch splits into inputs and labels (without them: the number of
+            positional arguments of ``network.forward``).
+        labels: label specs, or None.
+
+    Example::
+
+        model = fleetlite.Model(net)
+        model.prepare(opt, torch.nn.CrossEntropyLoss(), fleetlite.metric.Accuracy(topk=(1, 2)))
+        losses, metrics = model.train_batch([x_numpy], [y_numpy])
+        (out,) = model.predict_batch([x_numpy])
+    """
+
+    _paddle_hapi = True
+
+    def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None) -> None:
+        super().__init__(network)
+        self._inputs = _verify_spec(inputs, "inputs")
+        self._labels = _verify_spec(labels, "labels")
+        self._ran = False
+        self._input_example: list[torch.Tensor] | None = None
+        self._accumulate_avg = False
+
+    def _prepare(self, training: bool) -> None:
+        super()._prepare(training)
+        self._accumulate_avg = False  # Paddle sums the gradients of accumulated batches
+
+    # -- Paddle's attribute names --------------------------------------------------------------------------
+    @property
+    def _optimizer(self):
+        return self.user_optimizer
+
+    @property
+    def _loss(self):
+        return self.loss_fn
+
+    @property
+    def _metrics(self):
+        return self.metrics
+
+    def _metrics_name(self) -> list[str]:
+        return (["loss"] if self.loss_fn is not None else []) + [n for m in self.metrics for n in m.names()]
+
+    def parameters(self, *args, **kwargs) -> list[nn.Parameter]:
+        """The network's parameters, as a list (Paddle)."""
+        return list(self.network.parameters(*args, **kwargs))
+
+    # -- prepare ---------------------------------------------------------------------------------------------
+    def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Callable[..., Any] | None = None,
+                metrics: Any = None, amp_configs: str | dict[str, Any] | None = None, *,
+                grad_clip: Any = None) -> None:
+        """Set optimizer, loss, metrics and mixed precision; each call replaces all four (as Paddle).
+
+        ``amp_configs``: ``'O0'``/``'O1'``/``'O2'`` or a dict with ``level`` and Paddle's scaler keys
+        (``init_loss_scaling``, ``incr_ratio``, ...); anything else raises ValueError. Mixed precision needs
+        a GPU: on a CPU device it is switched off with a warning. ``grad_clip``: a ``ClipGradBy*`` object
+        (Paddle gives it to the optimizer; here also read from ``optimizer._grad_clip``).
+        """
+        from .clipping import resolve_grad_clip
+        from .metrics import Metric
+        from .torchmetrics_adapter import is_torchmetric
+
+        if loss is not None and not callable(loss):
+            raise TypeError("'loss' must be a torch.nn.Module or any callable function, got "
+                            f"{type(loss).__name__}")
+        for m in _to_list(metrics):
+            if not (isinstance(m, Metric) or is_torchmetric(m)):
+                raise AssertionError(f"{type(m).__name__} is not sub class of Metric")
+        strategy = self._amp_strategy(amp_configs)
+        if strategy is not None:
+            if self._connector._started:
+                raise RuntimeError("prepare(amp_configs=...) must come before the model first runs (the "
+                                   "distributed engine is already set up)")
+            self._connector.user_strategy = strategy
+        self._set_training_objects(optimizer, loss, _to_list(metrics) or None)
+        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
+                                                                                              None))
+
+    def _amp_strategy(self, amp_configs: Any) -> dict[str, Any] | None:
+        if not amp_configs:
+            self._amp_level = "O0"
+            return None
+        if isinstance(amp_configs, str):
+            if amp_configs not in ("O0", "O1", "O2"):
+                raise ValueError("The level of amp_configs should be 'O0', 'O1' or 'O2'.")
+            level, cfg = amp_configs, {}
+        elif isinstance(amp_configs, dict):
+            level = amp_configs.get("level", "O1")
+            if level not in ("O0", "O1", "O2"):
+                raise ValueError("amp_configs['level'] should be 'O0', 'O1' or 'O2'.")
+            cfg = {k: v for k, v in amp_configs.items() if k != "level"}
+            unknown = set(cfg) - _AMP_KEYS
+            if unknown:
+                raise ValueError("Except for 'level', the keys of 'amp_configs' must be accepted by mixed "
+                                 f"precision APIs, but {tuple(sorted(unknown))} could not be recognized.")
+        else:
+            raise TypeError(f"amp_configs must be a level string ('O1') or a dict, got {type(amp_configs).__name__}")
+        self._amp_level = level
+        if level == "O0":
+            return None
+        if self.device.type != "cuda":
+            warnings.warn(f"fleetlite: amp_configs level {level} needs a CUDA device; running in float32 on "
+                          f"{self.device} (as Paddle without a GPU)", UserWarning, stacklevel=3)
+            self._amp_level = "O0"
+            return None
+        keep = ("init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
+                "use_dynamic_loss_scaling", "dtype")
+        configs = {k: cfg[k] for k in keep if k in cfg}
+        configs["use_pure_fp16"] = level == "O2" or bool(cfg.get("use_pure_fp16", False))
+        return {"amp": True, "amp_configs": configs}
+
+    # -- batches ---------------------------------------------------------------------------------------------
+    def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Paddle's split: the first ``len(inputs)`` fields are inputs, the rest labels."""
+        data = list(batch) if isinstance(batch, (list, tuple)) else [batch]
+        n = len(self._inputs) if self._inputs is not None else _n_forward_inputs(self.network)
+        if n is None or n >= len(data) and len(data) > 1:
+            return super().split_batch(batch)
+        return tuple(data[:n]), tuple(data[n:])
+
+    def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
+        """Paddle: ``loss(*outputs, *labels)``; a loss returning several values is summed."""
+        losses = _to_list(self.loss_fn(*_to_list(outputs), *labels))
+        return losses[0] if len(losses) == 1 else torch.stack([torch.as_tensor(v).sum() for v in losses]).sum()
+
+    def _batch_tensors(self, values: Any) -> list[torch.Tensor]:
+        out = []
+        for v in _to_list(values):
+            t = torch.from_numpy(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
+            out.append(t.to(self.device))
+        return out
+
+    def _record(self, inputs: list[torch.Tensor]) -> None:
+        self._ran = True
+        self._input_example = [x[:1].detach().cpu() for x in inputs]
+
+    def _batch_metrics(self, outputs: Any, labels: list[torch.Tensor]) -> list[Any]:
+        res = []
+        outs = [o.detach() for o in _to_list(outputs)]
+        for m in self.metrics:
+            r = m.compute(*outs, *labels)
+            res.append(m.update(*_to_list(r)))
+        return res
+
+    def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> Any:
+        """One training step on a batch (numpy or tensors); ``update=False`` only accumulates gradients.
+
+        Returns ``[loss]`` (numpy), or ``([loss], [metric values])`` with metrics (Paddle's layout).
+        """
+        self._prepare(training=True)
+        inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
+        self._record(inputs)
+        self.parallel_network.train()
+        outputs = self.parallel_network(*inputs)
+        loss = self.compute_loss(outputs, labels)
+        if hasattr(self.optimizer, "backward"):
+            self.optimizer.backward(loss)
+        else:
+            loss.backward()
+        if update:
+            if self.grad_clip:
+                from .clipping import clip_gradients
+
+                clip_gradients(self)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
+        losses = [_numpy(loss).reshape(1)]
+        metrics = self._batch_metrics(outputs, labels)
+        return (losses, metrics) if metrics else losses
+
+    @torch.no_grad()
+    def eval_batch(self, inputs: Any, labels: Any = None) -> Any:
+        """Loss and metrics on a batch without training (Paddle's layout, as :meth:`train_batch`)."""
+        self._prepare(training=False)
+        inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
+        self._record(inputs)
+        self.network.eval()
+        outputs = self.network(*inputs)
+        metrics = self._batch_metrics(outputs, labels)
+        if self.loss_fn is None:
+            return metrics
+        losses = [_numpy(self.compute_loss(outputs, labels)).reshape(1)]
+        return (losses, metrics) if metrics else losses
+
+    @torch.no_grad()
+    def predict_batch(self, inputs: Any) -> list[np.ndarray]:
+        """The model's outputs for a batch, one numpy array per output."""
+        self._prepare(training=False)
+        inputs = self._batch_tensors(inputs)
+        self._record(inputs)
+        self.network.eval()
+        return [_numpy(o) for o in _to_list(self.network(*inputs))]
+
+    # -- loops -----------------------------------------------------------------------------------------------
+    def _eval_due(self, epoch: int, eval_freq: int) -> bool:
+        return epoch % eval_freq == 0
+
+    def fit(self, train_data: Any = None, eval_data: Any = None, batch_size: int | Sequence[int] = 1,
+            epochs: int = 1, eval_freq: int = 1, log_freq: int = 10, save_dir: str | None = None,
+            save_freq: int = 1, verbose: int = 2, drop_last: bool = False, shuffle: bool = True,
+            num_workers: int = 0, callbacks: Any = None, accumulate_grad_batches: int = 1,
+            num_iters: int | None = None):
+        """Paddle's ``Model.fit`` (same order and defaults); returns the History (Paddle returns None).
+
+        ``batch_size`` may be ``(train_batch_size, eval_batch_size)``; ``callbacks`` one callback or a list.
+        With ``save_dir``, ``{save_dir}/{epoch}`` is saved when ``epoch % save_freq == 0`` and
+        ``{save_dir}/final`` at the end (Paddle's ``save`` files); an ``EarlyStopping`` saves
+        ``{save_dir}/best_model``. An LR scheduler on the optimizer is stepped per batch unless an
+        ``LRScheduler`` callback says otherwise.
+        """
+        from .data_adapter import DataAdapter
+        from .hapi_callbacks import config_fit_callbacks
+
+        if train_data is None:
+            raise ValueError("train_data must be given!")
+        check_call_order(train_data, eval_data, batch_size, epochs, "paddle")
+        if isinstance(batch_size, (tuple, list)) and all(isinstance(x, int) for x in batch_size):
+            if len(batch_size) != 2:
+                raise ValueError("batch_size length error, expected train_batch_size and eval_batch_size.")
+            train_bs, eval_bs = batch_size
+        elif isinstance(batch_size, int):
+            train_bs = eval_bs = batch_size
+        else:
+            raise TypeError("'batch_size' must be integer or tuple/list of two integers")
+        if eval_data is not None and not isinstance(eval_data, DataAdapter):
+            eval_data = DataAdapter.build(eval_data, eval_bs, False, False, num_workers, 0,
+                                          self.device.type == "cuda", "eval")
+        cbs = config_fit_callbacks(self, callbacks, save_dir, save_freq)
+        self._ran = True
+        return Trainer.fit(self, train_data, eval_data, epochs=epochs, batch_size=train_bs, eval_freq=eval_freq,
+                           log_freq=log_freq, callbacks=cbs, shuffle=shuffle, drop_last=drop_last,
+                           num_workers=num_workers, accumulate_grad_batches=accumulate_grad_batches,
+                           num_iters=num_iters, verbose=verbose)
+
+    def evaluate(self, eval_data: Any, batch_size: int = 1, log_freq: int = 10, verbose: int = 2,
+                 num_workers: int = 0, callbacks: Any = None, num_iters: int | None = None) -> dict[str, Any]:
+        """Paddle's ``Model.evaluate``: ``{'loss': [mean loss], <metric names>: values}``.
+
+        ``num_iters`` evaluates only the first ``num_iters`` batches (of each rank).
+        """
+        from .data_adapter import DataAdapter
+        from .hapi_callbacks import LimitedAdapter
+
+        check_call_order(None, eval_data, batch_size, 1, "paddle")
+        if num_iters is not None:
+            data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
+            eval_data = LimitedAdapter.wrap(data, num_iters)
+        self._ran = True
+        logs = Trainer.evaluate(self, eval_data, batch_size=batch_size, log_freq=log_freq,
+                                callbacks=_to_list(callbacks), num_workers=num_workers, verbose=verbose)
+        result = {}
+        for k in self._metrics_name():
+            if k in logs:
+                result[k] = [logs[k]] if k == "loss" else logs[k]
+        return result
+
+    def predict(self, test_data: Any, batch_size: int = 1, num_workers: int = 0, stack_outputs: bool = False,
+                verbose: int = 1, callbacks: Any = None) -> list:
+        """Paddle's ``Model.predict``: a list with one entry per model output (also for one output), each a
+        list of per-batch numpy arrays, or one stacked array with ``stack_outputs=True``."""
+        self._ran = True
+        out = Trainer.predict(self, test_data, batch_size=batch_size, stack_outputs=stack_outputs,
+                              num_workers=num_workers, callbacks=_to_list(callbacks), verbose=verbose)
+        if stack_outputs:
+            columns = [out] if isinstance(out, torch.Tensor) else list(out)
+        else:
+            columns = [out] if out and isinstance(out[0], torch.Tensor) else list(out)
+        return _numpy(columns)
+
+    # -- save / load -----------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, training: bool = True) -> None:
+        """Paddle's ``Model.save``: ``path`` is a file prefix (also when a directory of that name exists).
+
+        ``training=True`` writes ``{path}.pdparams`` (weights) and ``{path}.pdopt`` (optimizer state, with the
+        amp loss scaler), torch pickles written atomically by rank 0. ``training=False`` writes the weights for
+        inference (``fleetlite.Trainer.save(path, training=False)``) and needs the model to have run or
+        ``inputs`` specs (RuntimeError otherwise, as Paddle).
+        """
+        from .hapi_callbacks import save_prefix
+
+        save_prefix(self, os.fspath(path), training)
+
+    def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
+        """Paddle's ``Model.load`` of ``{path}.pdparams`` (and ``.pdopt`` unless ``reset_optimizer``).
+
+        Entries missing from the file or of another shape raise ValueError, or with ``skip_mismatch`` are
+        skipped with a warning. A fleetlite checkpoint file (``.pt``) is accepted as ``path`` too.
+        """
+        from .hapi_callbacks import load_prefix
+
+        load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer)
+
+    def summary(self, input_size: Any = None, dtype: Any = None) -> dict[str, int]:
+        """Paddle's ``Model.summary``: per-layer table; returns ``{'total_params', 'trainable_params'}``."""
+        from .summary import summary
+
+        if input_size is None and self._inputs is not None:
+            input_size = [tuple(getattr(s, "shape", s)) for s in self._inputs]
+        return summary(self.network, input_size, dtypes=dtype)

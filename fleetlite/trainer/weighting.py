@@ -1,0 +1,95 @@
+"""Keras' ``class_weight`` and ``sample_weight`` for ``Trainer.fit``.
+
+Training losses become ``sum(loss_i * w_i) / batch_size`` (Keras'
+``sum_over_batch_size``), where ``w_i`` is ``class_weight[label_i]`` (1.0 for
+classes not listed) times the sample's own weight. Sample weights come as the
+last field of each training batch (``fit(..., sample_weight=True)``: the data
+yields ``(x, y, w)``), or as a tensor with tensor data (``fit((x, y),
+sample_weight=w)``). The loss must accept ``reduction='none'`` (torch's loss
+modules do); evaluation is never weighted (as Keras without
+``sample_weight`` in ``evaluate``).
+
+Example::
+
+    trainer.fit((x, y), epochs=3, class_weight={0: 1.0, 1: 5.0})
+    trainer.fit((x, y), epochs=3, sample_weight=w)          # w: one weight per sample
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["configure_weights", "split_weights", "batch_weights", "weighted_loss"]
+
+
+def configure_weights(trainer, train_data: Any, class_weight: dict[int, float] | None, sample_weight: Any) -> Any:
+    """Validate the options, store them on the trainer and return the training data (weights appended)."""
+    trainer._weight_field = False
+    trainer._class_weight = None
+    if class_weight is None and (sample_weight is None or sample_weight is False):
+        return train_data
+    if not hasattr(trainer.loss_fn, "reduction"):
+        raise ValueError("class_weight/sample_weight need a loss with a 'reduction' attribute (torch's loss modules, "
+                         "e.g. nn.CrossEntropyLoss()) so per-sample losses can be weighted")
+    if class_weight is not None:
+        if not isinstance(class_weight, dict) or not class_weight:
+            raise ValueError(f"class_weight must be a dict {{class index: weight}}, got {class_weight!r}")
+        size = max(int(k) for k in class_weight) + 1
+        table = torch.ones(size, dtype=torch.float32)
+        for k, v in class_weight.items():
+            table[int(k)] = float(v)
+        trainer._class_weight = table
+    if isinstance(sample_weight, torch.Tensor):
+        if not (isinstance(train_data, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in train_data)):
+            raise ValueError("sample_weight as a tensor needs the training data as a tuple of tensors; for other "
+                             "data yield (x, y, w) and pass sample_weight=True")
+        if sample_weight.shape[0] != train_data[0].shape[0]:
+            raise ValueError(f"sample_weight has {sample_weight.shape[0]} weights for {train_data[0].shape[0]} "
+                             "samples; give one per sample")
+        train_data = (*train_data, sample_weight)
+        trainer._weight_field = True
+    elif sample_weight is True:
+        trainer._weight_field = True
+    elif sample_weight not in (None, False):
+        raise TypeError(f"sample_weight must be True (the data yields (x, y, w)) or a tensor, got "
+                        f"{type(sample_weight).__name__}")
+    return train_data
+
+
+def split_weights(trainer, batch: Any) -> tuple[Any, torch.Tensor | None]:
+    """(batch without its weight field, the sample weights) of a training batch."""
+    if not getattr(trainer, "_weight_field", False):
+        return batch, None
+    if not isinstance(batch, (list, tuple)) or len(batch) < 3:
+        raise ValueError("sample_weight=True: every training batch must be (inputs..., label, weight)")
+    return batch[:-1], batch[-1]
+
+
+def batch_weights(trainer, labels, sample: torch.Tensor | None) -> torch.Tensor | None:
+    table = getattr(trainer, "_class_weight", None)
+    if table is None and sample is None:
+        return None
+    w = None
+    if table is not None:
+        y = labels[0].reshape(-1).long()
+        w = table.to(y.device)[y.clamp(max=table.numel() - 1)]
+        w = torch.where(y < table.numel(), w, torch.ones_like(w))
+    if sample is not None:
+        s = sample.reshape(-1).to(torch.float32)
+        w = s if w is None else w * s.to(w.device)
+    return w
+
+
+def weighted_loss(trainer, outputs: Any, labels, weights: torch.Tensor) -> torch.Tensor:
+    """``sum(loss_i * w_i) / batch_size`` with the trainer's loss evaluated per sample."""
+    fn = trainer.loss_fn
+    saved = fn.reduction
+    fn.reduction = "none"
+    try:
+        per_sample = trainer.compute_loss(outputs, labels)
+    finally:
+        fn.reduction = saved
+    per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1) if per_sample.dim() > 1 else per_sample
+    return (per_sample * weights.to(per_sample.device, per_sample.dtype)).sum() / per_sample.shape[0]

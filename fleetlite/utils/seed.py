@@ -1,0 +1,41 @@
+"""``fleetlite.seed_everything``: one call seeds Python, numpy, torch (CPU and every CUDA device).
+
+Example::
+
+    import fleetlite
+    fleetlite.seed_everything(42)                      # reproducible initialisation and shuffles
+    fleetlite.seed_everything(42, deterministic=True)  # plus torch's deterministic algorithms
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+__all__ = ["seed_everything"]
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> int:
+    """Seed ``random``, ``numpy``, ``torch`` and CUDA with ``seed``; returns it.
+
+    ``PYTHONHASHSEED`` is set for child processes (data-loader workers, spawned ranks). With
+    ``deterministic=True`` torch uses deterministic algorithms only (``torch.use_deterministic_algorithms``;
+    an op without one raises), cuDNN autotuning is off, and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set, which
+    cuBLAS needs for deterministic results. Every rank should call it with the same seed; the Trainer's data
+    order is seeded separately (``fit(seed=...)``).
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed_everything(seed={seed!r}): the seed must be an integer in [0, 2**32)")
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return seed

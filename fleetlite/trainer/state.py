@@ -267,6 +267,9 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
         if not isinstance(weights, dict):
             raise
+    from .connector import strip_compile_prefix
+
+    weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
     own = t.network.state_dict()
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]

@@ -37,6 +37,9 @@ class Trainer:
         strategy: a ``fleet.DistributedStrategy`` (or dict): amp, gradient merge, sharding, ...
         device: ``"auto"`` (this rank's GPU, else CPU), ``"cpu"``, ``"cuda:0"``...
         config: the run's configuration (plain values), stored in checkpoints.
+        compile: ``True`` or a dict of ``torch.compile`` arguments: compile the network (in place, before
+            the data-parallel wrapping; ``state_dict`` keys unchanged). A ``torch.compile``-d module is
+            unwrapped and compiled the same way.
 
     Under ``fleetlite launch``/torchrun with several ranks the Trainer calls
     ``fleet.init``, wraps the model with ``fleet.distributed_model`` and the
@@ -58,15 +61,20 @@ class Trainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  loss: Callable[..., torch.Tensor] | None = None, metrics: Metric | Sequence[Metric] | None = None,
-                 strategy: Any = None, device: str | torch.device = "auto", config: Any = None) -> None:
+                 strategy: Any = None, device: str | torch.device = "auto", config: Any = None,
+                 compile: bool | dict[str, Any] = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
         from ..parallel import DataParallel
+        from .connector import unwrap_compiled
+
+        model, was_compiled = unwrap_compiled(model)  # no _orig_mod. keys (Note [compile in place])
+        compile = compile or was_compiled
 
         self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
         self._given_model = model
         self.parallel_network: nn.Module | None = None
-        self._connector = Connector(strategy, device)
+        self._connector = Connector(strategy, device, compile)
         self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
         # progress, read by callbacks
@@ -370,7 +378,9 @@ class Trainer:
         return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.network.load_state_dict(weights)
+        from .connector import strip_compile_prefix
+
+        self.network.load_state_dict(strip_compile_prefix(weights))
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.

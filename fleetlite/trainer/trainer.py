@@ -95,6 +95,7 @@ class Trainer:
         self._pass_index = 0
         self._batch_valid = 0
         self._epoch_rng: dict[str, Any] | None = None
+        self._export_example: tuple[torch.Tensor, ...] | None = None  # two input rows, for export()
         self._reset_train_accum()
 
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
@@ -356,6 +357,11 @@ class Trainer:
     def _to_device(self, batch: Any) -> Any:
         from .data_adapter import to_device
 
+        if self._export_example is None:
+            from .export import remember_example
+
+            remember_example(self, batch)
+
         return to_device(batch, self.device)
 
     # -- training accumulators ----------------------------------------------------------------------------------
@@ -390,6 +396,17 @@ class Trainer:
         from .state import save_trainer
 
         return save_trainer(self, path, training)
+
+    def export(self, path: str | os.PathLike, format: str = "safetensors",
+               example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True) -> Path:
+        """Export the model for inference: ``safetensors`` weights, a ``torch.export`` ``.pt2`` or ``onnx``.
+
+        The config goes alongside (``<stem>.json``); the batch size stays dynamic. ``example_inputs``
+        default to two rows of the first batch fit/evaluate/predict saw. See :mod:`fleetlite.trainer.export`.
+        """
+        from .export import trainer_export
+
+        return trainer_export(self, path, format, example_inputs, dynamic_batch)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.

@@ -279,6 +279,11 @@ class Trainer:
         self._train_adapter, self._callbacks, self.fitting = train, cbs, True
         try:
             loops.run_fit(self, train, evaluation, epochs, eval_freq, num_iters, cbs, resume_state)
+        except BaseException as e:
+            for cb in cbs:  # trackers mark their run FAILED (fleetlite.trainer.loggers)
+                if hasattr(cb, "on_exception"):
+                    cb.on_exception(e)
+            raise
         finally:
             self.fitting = False
             self._pending.clear()

@@ -254,7 +254,6 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
     for cb in given:
         if not isinstance(cb, Callback):
             raise TypeError(f"callbacks must be fleetlite.callbacks.Callback instances, got {type(cb).__name__}")
-    given.sort(key=lambda cb: not isinstance(cb, LearningRateMonitor))  # its lr feeds every logger
     extra: list[Callback] = []
     if history and not any(isinstance(cb, History) for cb in given):
         extra.append(History())
@@ -265,4 +264,6 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
     steps = train.length() if train is not None else None
     params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq, "batch_size": batch_size,
               "world_size": trainer._connector.world_size}
-    return CallbackList(extra + given, trainer=trainer, params=params)
+    first = [cb for cb in given if isinstance(cb, LearningRateMonitor)]  # its lr feeds every logger and History
+    rest = [cb for cb in given if not isinstance(cb, LearningRateMonitor)]
+    return CallbackList(first + extra + rest, trainer=trainer, params=params)

@@ -257,15 +257,19 @@ def _as_outputs(out: Any) -> list[torch.Tensor]:
     raise TypeError(f"predict_step must return a tensor or a tuple of tensors, got {type(out).__name__}")
 
 
-def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
-    """Outputs in dataset order, gathered across ranks, padding removed (each sample once)."""
+def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
+    """Outputs in dataset order, gathered across ranks, padding removed (each sample once).
+
+    With a :class:`~fleetlite.trainer.predict_writer.PredictionWriter` the batches go to disk as they come
+    and the merged files' paths are returned (Note [streamed predictions]).
+    """
     from ..distributed.faults import peer_failures
 
     with peer_failures("prediction"):
-        return _run_predict(t, data, batch_size, stack_outputs, callbacks)
+        return _run_predict(t, data, batch_size, stack_outputs, callbacks, writer)
 
 
-def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
+def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
     from ..distributed import collective
     from ..io.evaluation import trim_batch
 
@@ -280,6 +284,9 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
     module.eval()
     local: list[list[torch.Tensor]] = []
     local_idx: list[list[int]] = []  # the dataset indices of each local batch
+    writes = writer is not None and (gather or collective.get_rank() == 0)  # unsharded data: rank 0 writes
+    if writer is not None:
+        writer.start()
     callbacks.on_predict_begin()
     try:
         with torch.no_grad():
@@ -291,12 +298,20 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
                         continue
                 callbacks.on_predict_batch_begin(i)
                 outs = _as_outputs(_cpu(t.predict_step(t._to_device(batch))))
-                local.append(outs)
-                if indices is not None:
-                    local_idx.append(list(indices[i][:batch_length(batch)]))
+                idx = list(indices[i][:batch_length(batch)]) if indices is not None else None
+                if writes:
+                    writer.write(outs, idx)
+                elif writer is None:
+                    local.append(outs)
+                    if idx is not None:
+                        local_idx.append(idx)
                 callbacks.on_predict_batch_end(i, {"outputs": outs})
     finally:
         module.train(was_training)
+    if writer is not None:
+        paths = writer.finish()
+        callbacks.on_predict_end({"num_samples": writer.rows, "paths": paths})
+        return paths
     if gather:
         parts = collective.all_gather_object((local_idx, local))
         local_idx = [ix for p in parts for ix in p[0]]

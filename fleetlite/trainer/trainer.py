@@ -305,12 +305,16 @@ class Trainer:
         return loops.run_evaluate(self, data, cbs)
 
     def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
-                callbacks: Sequence[Callback] | None = None, verbose: int = 0) -> Any:
+                callbacks: Sequence[Callback] | None = None, verbose: int = 0,
+                output_dir: str | os.PathLike | None = None) -> Any:
         """Model outputs for ``data`` in dataset order, gathered across ranks without duplicates.
 
         Returns, for a model with one output, a list of batch tensors (one
         tensor with ``stack_outputs=True``); for several outputs, a list with
-        one such entry per output (Paddle's layout).
+        one such entry per output (Paddle's layout). Outputs whose non-batch dims
+        differ between batches come back batch by batch (Note [predict batches]).
+        ``output_dir``: stream the outputs to disk instead (memory independent of
+        the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
         """
         from . import loops
 
@@ -318,7 +322,12 @@ class Trainer:
         self._prepare(training=False)
         adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, False, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
-        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
+        writer = None
+        if output_dir is not None:
+            from .predict_writer import PredictionWriter
+
+            writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)
+        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs, writer)
 
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
     def request_save(self, fn: Callable[[], None]) -> None:

@@ -131,9 +131,12 @@ def _save_safetensors(model: nn.Module, path: Path, config: Any) -> None:
     meta = {"format": "pt"}
     if config is not None:
         meta["config"] = json.dumps(config, sort_keys=True, default=str)
+    # own contiguous copies: channels-last weights and tied (shared) tensors are both saved as plain tensors
+    tensors = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+               for k, v in model.state_dict().items()}
     tmp = temp_name(path)
     try:
-        st.save_model(model, str(tmp), metadata=meta)  # handles tied (shared) weights
+        st.save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
@@ -160,8 +163,10 @@ def _save_onnx(model: nn.Module, path: Path, example_inputs: tuple, dynamic_batc
 
 def load_safetensors(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> nn.Module:
     """Load weights written by ``export(format="safetensors")`` into ``model``; returns ``model``."""
+    from .connector import strip_compile_prefix
+
     st = require("safetensors.torch", "loading a .safetensors file", "safetensors")
-    missing, unexpected = st.load_model(model, str(path), strict=strict)
+    missing, unexpected = model.load_state_dict(strip_compile_prefix(st.load_file(str(path))), strict=strict)
     if not strict and (missing or unexpected):
         import warnings
 
@@ -180,7 +185,8 @@ def remember_example(t, batch: Any) -> None:
         t._export_example = ()
 
 
-def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool) -> Path:
+def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool,
+                   config: Any = None) -> Path:
     """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path."""
     from ..distributed import collective
 
@@ -189,7 +195,7 @@ def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dyna
     error = None
     if collective.get_rank() == 0:
         try:
-            export_model(t.network, path, format, example, t.config, dynamic_batch)
+            export_model(t.network, path, format, example, t.config if config is None else config, dynamic_batch)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
             error = e
     if collective.get_world_size() > 1:

@@ -412,15 +412,17 @@ class Trainer:
         return save_trainer(self, path, training)
 
     def export(self, path: str | os.PathLike, format: str = "safetensors",
-               example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True) -> Path:
+               example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True,
+               config: Any = None) -> Path:
         """Export the model for inference: ``safetensors`` weights, a ``torch.export`` ``.pt2`` or ``onnx``.
 
         The config goes alongside (``<stem>.json``); the batch size stays dynamic. ``example_inputs``
-        default to two rows of the first batch fit/evaluate/predict saw. See :mod:`fleetlite.trainer.export`.
+        default to two rows of the first batch fit/evaluate/predict saw; ``config`` (default: the
+        Trainer's) is what goes alongside. See :mod:`fleetlite.trainer.export`.
         """
         from .export import trainer_export
 
-        return trainer_export(self, path, format, example_inputs, dynamic_batch)
+        return trainer_export(self, path, format, example_inputs, dynamic_batch, config)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.

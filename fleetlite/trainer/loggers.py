@@ -97,21 +97,19 @@ class LearningRateMonitor(Callback):
         if logging_interval not in ("step", "epoch"):
             raise ValueError(f"LearningRateMonitor(logging_interval={logging_interval!r}): use 'step' or 'epoch'")
         self.logging_interval = logging_interval
-        self._epoch_lrs: dict[str, float] = {}
 
     def _lrs(self) -> dict[str, float]:
         return learning_rates(self.trainer.optimizer) if self.trainer.optimizer is not None else {}
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_lrs = self._lrs()  # the rate the epoch started with (schedulers may change it per step)
 
     def on_train_batch_end(self, step, logs=None):
         if self.logging_interval == "step" and logs is not None:
             logs.update(self._lrs())
 
     def on_epoch_end(self, epoch, logs=None):
+        # the rate at the epoch's end, before a per-epoch LRScheduler steps (this callback runs first): the
+        # rate the epoch used; read from the optimizer, so a resumed run logs what the uninterrupted one did
         if logs is not None:
-            logs.update(self._epoch_lrs or self._lrs())
+            logs.update(self._lrs())
 
 
 class _Tracker(Callback):

@@ -3,12 +3,13 @@
 # Note [streamed predictions]
 Each rank saves every batch's outputs as it goes (``<output_dir>/.parts/rank<r>/<i>.pt``, with the
 batch's dataset indices), so a rank holds one batch at a time. Then rank 0 merges the shards: for each
-output k, one ``.npy`` of shape ``(N, ...)`` opened as a memory map, each shard's rows written at their
+output k, one ``.npy`` of shape ``(N, ...)``, each shard's rows written at their
 dataset indices (dataset order; the padding that evens out the ranks was cut before writing, so no sample
-is there twice). Peak memory is one batch plus the page cache, whatever N. When an output's non-batch
-dims differ between batches (variable-length sequences) it cannot be one array: its batches are kept as
-``<name>/<j>.pt`` numbered in dataset order. The merged files appear atomically (temporary names, renamed
-when complete); the shards are deleted after the merge.
+is there twice). Rows go to the file with positioned writes (``os.pwrite``), not a memory map, so the
+pages written do not count in the process's memory: peak memory is about one batch, whatever N.
+When an output's non-batch dims differ between batches (variable-length sequences) it cannot be one
+array: its batches are kept as ``<name>/<j>.pt``, numbered in dataset order. The merged files appear
+atomically (temporary names, renamed when complete); the shards are deleted after the merge.
 
 Example::
 
@@ -89,15 +90,18 @@ class PredictionWriter:
     def _scan(self) -> tuple[int, list[dict[str, Any]], list[tuple[int, Path]]]:
         """Rows in all, per output {shape, dtype, same}, and each shard's first index (one shard in memory)."""
         total, info, firsts = 0, [], []
-        seen: set[int] = set()
+        seen = torch.zeros(0, dtype=torch.bool)  # one byte per sample: a set of ints would cost ~60
         for path in self._shards():
             shard = torch.load(path, weights_only=True)
             idx = shard["indices"]
-            dup = seen.intersection(idx)
-            if dup:
-                raise ValueError(f"dataset index {min(dup)} was predicted twice (shard {path.name}); the sampler "
-                                 "gives a sample to more than one rank")
-            seen.update(idx)
+            t = torch.tensor(idx, dtype=torch.int64)
+            if len(idx) and int(t.max()) >= seen.numel():
+                seen = torch.cat([seen, torch.zeros(max(int(t.max()) + 1 - seen.numel(), seen.numel()),
+                                                    dtype=torch.bool)])
+            if len(idx) and (bool(seen[t].any()) or t.unique().numel() != t.numel()):
+                raise ValueError(f"a dataset index was predicted twice (shard {path.name}); the sampler gives a "
+                                 "sample to more than one rank")
+            seen[t] = True
             total += len(idx)
             if idx:
                 firsts.append((min(idx), path))
@@ -106,14 +110,12 @@ class PredictionWriter:
                     info.append({"shape": tuple(o.shape[1:]), "dtype": o.dtype, "same": True})
                 elif tuple(o.shape[1:]) != info[k]["shape"] or o.dtype != info[k]["dtype"]:
                     info[k]["same"] = False
-        if seen and (min(seen) != 0 or max(seen) != total - 1):
-            raise ValueError(f"the predicted dataset indices are not 0..{total - 1} (min {min(seen)}, max "
-                             f"{max(seen)}): a sample is missing")
+        if total and not bool(seen[:total].all()):
+            missing = int((~seen[:total]).nonzero()[0])
+            raise ValueError(f"the predicted dataset indices are not 0..{total - 1}: sample {missing} is missing")
         return total, info, sorted(firsts)
 
     def _merge(self) -> list[Path]:
-        import numpy as np
-
         total, info, firsts = self._scan()
         names = ["predictions"] if len(info) == 1 else [f"predictions_{k}" for k in range(len(info))]
         arrays, paths = {}, []
@@ -121,9 +123,7 @@ class PredictionWriter:
             if meta["same"]:
                 final = self.dir / f"{name}.npy"
                 tmp = self.dir / f".{name}.npy.tmp"
-                dtype = torch.empty((), dtype=meta["dtype"]).numpy().dtype
-                arrays[k] = (np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(total, *meta["shape"])),
-                             tmp, final)
+                arrays[k] = (_NpyRows(tmp, meta["dtype"], total, meta["shape"]), tmp, final)
             else:
                 final = self.dir / name
                 tmp = self.dir / f".{name}.tmp"
@@ -137,14 +137,48 @@ class PredictionWriter:
             for k, o in enumerate(shard["outputs"]):
                 arr, tmp, _ = arrays[k]
                 if arr is not None:
-                    arr[idx.numpy()] = o.numpy()
+                    arr.put(idx, o)
                 else:
                     torch.save(o, tmp / f"{j:08d}.pt")
         for arr, tmp, final in arrays.values():
             if arr is not None:
-                arr.flush()
-                del arr
+                arr.close()
             else:
                 shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         return paths
+
+
+class _NpyRows:
+    """A ``.npy`` file of ``rows`` x ``shape`` filled row by row at given indices (consecutive runs in one write)."""
+
+    def __init__(self, path: Path, dtype: torch.dtype, rows: int, shape: tuple[int, ...]) -> None:
+        import numpy as np
+
+        np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        self.row_bytes = int(np_dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+        header = {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False,
+                  "shape": (rows, *shape)}
+        with open(path, "wb") as f:
+            if rows < 2**31:
+                np.lib.format.write_array_header_1_0(f, header)
+            else:
+                np.lib.format.write_array_header_2_0(f, header)
+            self.offset = f.tell()
+            f.truncate(self.offset + rows * self.row_bytes)
+        self.fd = os.open(path, os.O_WRONLY)
+
+    def put(self, indices: torch.Tensor, values: torch.Tensor) -> None:
+        data = values.contiguous().numpy().reshape(len(indices), -1).view("u1")
+        order = torch.argsort(indices)
+        idx = indices[order]
+        data = data[order.numpy()]
+        start = 0
+        breaks = (torch.nonzero(idx[1:] != idx[:-1] + 1).flatten() + 1).tolist() + [len(idx)]
+        for end in breaks:  # one write per run of consecutive dataset indices
+            os.pwrite(self.fd, data[start:end].tobytes(), self.offset + int(idx[start]) * self.row_bytes)
+            start = end
+
+    def close(self) -> None:
+        os.fsync(self.fd)
+        os.close(self.fd)

@@ -79,3 +79,21 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ImportError, match=r"^MLflowLogger needs the mlflow package.*install 'fleetlite\[mlflow\]'$"):
         MLflowLogger()
+
+
+def test_resumed_fit_continues_the_same_run(tmp_path):
+    from fleetlite.callbacks import MLflowLogger
+
+    uri = (tmp_path / "store").as_uri()
+    first = trainer(config=CONFIG)
+    first.fit(dataset(32), epochs=3, batch_size=8, verbose=0, save_dir=tmp_path / "run", num_iters=6,
+              callbacks=[MLflowLogger(tracking_uri=uri)])  # stops in epoch 2 (4 steps per epoch)
+    again = trainer(config=CONFIG)
+    hist = again.fit(dataset(32), epochs=3, batch_size=8, verbose=0, save_dir=tmp_path / "run", resume="latest",
+                     callbacks=[MLflowLogger(tracking_uri=uri)])
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("fleetlite").experiment_id])  # one run, continued
+    assert run.info.status == "FINISHED"
+    got = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in got] == [0, 1, 2]
+    assert [m.value for m in got] == pytest.approx(hist.history["loss"], rel=1e-6)

@@ -62,6 +62,8 @@ def test_variable_shapes_one_rank():
     for b, want in zip(batches, _expected([list(range(i, min(i + 5, N))) for i in range(0, N, 5)])):
         torch.testing.assert_close(b, want)
     assert len({b.shape[1] for b in batches}) > 1  # the case that used to raise "Sizes of tensors must match"
+    with pytest.raises(ValueError, match="use stack_outputs=False"):
+        fleetlite.Trainer(PerBatchLength(), device="cpu").predict(Ramp(), batch_size=5, stack_outputs=True)
 
 
 @pytest.mark.timeout(90)

@@ -85,6 +85,12 @@ def _check(format: str, path: Path, example_inputs) -> Path:
     return path
 
 
+def _two_rows(example_inputs: tuple) -> tuple:
+    """Inputs of batch size 1 doubled: torch.export specializes a dimension traced at size 1."""
+    return tuple(torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 1 else x
+                 for x in example_inputs)
+
+
 def _dynamic_batch(example_inputs) -> tuple[dict[int, Any], ...]:
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     return tuple({0: batch} for _ in example_inputs)
@@ -101,6 +107,8 @@ def export_model(model: nn.Module, path: str | os.PathLike, format: str = "safet
     The model is exported in eval mode (restored afterwards).
     """
     path = _check(format, Path(path), example_inputs)
+    if example_inputs is not None and dynamic_batch:
+        example_inputs = _two_rows(tuple(example_inputs))
     path.parent.mkdir(parents=True, exist_ok=True)
     was_training = model.training
     model.eval()

@@ -41,6 +41,8 @@ def test_torch_export_dynamic_batch(tmp_path, batch):
     program = torch.export.load(str(path))
     x = torch.randn(batch, 6)
     torch.testing.assert_close(program.module()(x), t.network.eval()(x))
+    one = export_model(t.network, tmp_path / "one.pt2", "torch.export", example_inputs=(torch.randn(1, 6),))
+    torch.testing.assert_close(torch.export.load(str(one)).module()(x), t.network(x))  # traced at 1, still dynamic
 
 
 def test_onnx_checker_and_runtime(tmp_path):

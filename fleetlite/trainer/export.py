@@ -47,9 +47,11 @@ def require(module: str, what: str, extra: str | None = None):
     try:
         return importlib.import_module(module)
     except ImportError:
-        extra = extra or _EXTRAS.get(module.split(".")[0], module)
-        raise ImportError(f"{what} needs the {module.split('.')[0]} package, which is not installed: "
-                          f"pip install 'fleetlite[{extra}]'") from None
+        package = module.split(".")[0]
+        extra = extra or _EXTRAS.get(package, package)
+        how = f"pip install {package} (a fleetlite dependency)" if extra == "safetensors" else \
+            f"pip install 'fleetlite[{extra}]'"
+        raise ImportError(f"{what} needs the {package} package, which is not installed: {how}") from None
 
 
 def config_path(path: str | os.PathLike) -> Path:

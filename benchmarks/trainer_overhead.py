@@ -11,9 +11,12 @@ its running loss every ``log_freq`` steps like the Trainer's progress bar
 (both to /dev/null). Single process and 2 ranks (gloo).
 
     python benchmarks/trainer_overhead.py [--blocks 4] [--epochs 2] [--samples 1024] [--batch 64]
+    python benchmarks/trainer_overhead.py --only compile      # just the torch.compile rows, merged into the JSON
 
 Prints a table of ratios (Trainer / hand loop; target <= 1.03) and writes
-benchmarks/results/trainer_overhead.json.
+benchmarks/results/trainer_overhead.json. The compile rows time
+``Trainer(compile=True)`` against the same Trainer uncompiled (epoch time after
+a warm-up epoch that pays the compilation, whose time is reported apart).
 """
 
 from __future__ import annotations
@@ -96,6 +99,74 @@ def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch
     return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(tr_loader)}
 
 
+def measure_compile(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
+                    log_freq: int) -> dict:
+    torch.set_num_threads(1)
+    import fleetlite
+    from fleetlite.trainer.callbacks import ProgressBar
+
+    sink = open(os.devnull, "w")
+    bar = [ProgressBar(stream=sink, log_freq=log_freq)]
+    trainers, warm = {}, {}
+    for name, comp in (("eager", False), ("compiled", True)):
+        net, loader = _setup(samples, batch, seed=0)
+        t = fleetlite.Trainer(net, torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+                              torch.nn.CrossEntropyLoss(), device="cpu", compile=comp)
+        t0 = time.perf_counter()
+        t.fit(loader, epochs=1, callbacks=bar, log_freq=log_freq)  # pays the compilation
+        warm[name] = time.perf_counter() - t0
+        trainers[name] = (t, loader)
+    # the peer: the hand loop over the same engine, eager and with torch.compile(net) (what a user writes)
+    from fleetlite.distributed import fleet
+
+    fleet.init(is_collective=True)
+    hands = {}
+    for name, comp in (("hand_eager", False), ("hand_compiled", True)):
+        net, loader = _setup(samples, batch, seed=0)
+        model = fleet.distributed_model(torch.compile(net) if comp else net)
+        opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+        _hand_epochs(model, opt, loader, 1, 0, log_freq, sink)  # pays the compilation
+        hands[name] = (model, opt, loader)
+    times: dict[str, list[float]] = {"eager": [], "compiled": [], "hand_eager": [], "hand_compiled": []}
+    for b in range(blocks):
+        for name, (t, loader) in trainers.items():
+            fleetlite.distributed.barrier()
+            t0 = time.perf_counter()
+            t.fit(loader, epochs=epochs, callbacks=bar, log_freq=log_freq)
+            fleetlite.distributed.barrier()
+            times[name].append((time.perf_counter() - t0) / epochs)
+        for name, (model, opt, loader) in hands.items():
+            fleetlite.distributed.barrier()
+            t0 = time.perf_counter()
+            _hand_epochs(model, opt, loader, epochs, 1 + b * epochs, log_freq, sink)
+            fleetlite.distributed.barrier()
+            times[name].append((time.perf_counter() - t0) / epochs)
+    sink.close()
+    ratios = [c / e for c, e in zip(times["compiled"], times["eager"])]
+    hand_ratios = [c / e for c, e in zip(times["hand_compiled"], times["hand_eager"])]
+    return {"ranks": world, "eager_s": times["eager"], "compiled_s": times["compiled"],
+            "eager_median_s": statistics.median(times["eager"]),
+            "compiled_median_s": statistics.median(times["compiled"]), "ratio": statistics.median(ratios),
+            "hand_eager_s": times["hand_eager"], "hand_compiled_s": times["hand_compiled"],
+            "hand_ratio": statistics.median(hand_ratios), "first_epoch_s": warm, "device": "cpu"}
+
+
+def run_compile_rows(args, cfg) -> list[dict]:
+    rows = []
+    for world in (int(w) for w in args.ranks.split(",")):
+        res = run_ranks(measure_compile, world_size=world, args=cfg, timeout=1800, init=world > 1)[0]
+        rows.append(res)
+    header = (f"{'ranks':>5} {'eager s/epoch':>13} {'compiled s/epoch':>16} {'ratio':>6} {'hand-loop ratio':>15} "
+              f"{'compile warm-up s':>17}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        extra = r["first_epoch_s"]["compiled"] - r["first_epoch_s"]["eager"]
+        print(f"{r['ranks']:>5} {r['eager_median_s']:>13.3f} {r['compiled_median_s']:>16.3f} {r['ratio']:>6.3f} "
+              f"{r['hand_ratio']:>15.3f} {extra:>17.1f}")
+    return rows
+
+
 def summarize(ranks: int, res: dict) -> dict:
     ratios = [t / h for t, h in zip(res["trainer_s"], res["hand_s"])]
     return {"ranks": ranks, "steps_per_epoch": res["steps_per_epoch"], "hand_s": res["hand_s"],
@@ -115,8 +186,20 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2", help="comma-separated world sizes to measure")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "trainer_overhead.json"))
+    ap.add_argument("--only", choices=["all", "overhead", "compile"], default="all",
+                    help="compile: only the torch.compile rows, merged into an existing JSON")
     args = ap.parse_args()
     cfg = (args.blocks, args.epochs, args.samples, args.batch, args.lr, args.log_freq)
+    compile_rows = run_compile_rows(args, cfg) if args.only in ("all", "compile") else None
+    if args.only == "compile":
+        out = json.load(open(args.out)) if os.path.exists(args.out) else {"benchmark": "trainer_overhead"}
+        out["compile"] = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "results": compile_rows,
+                          "note": "ratio = median over blocks of compiled / eager Trainer epoch time (CPU, "
+                                  "inductor); hand_ratio = the same for a hand loop with torch.compile(net), "
+                                  "same processes; first_epoch_s includes the compilation"}
+        atomic_write_text(args.out, json.dumps(out, indent=2))
+        print(f"wrote {args.out}")
+        return
     rows = []
     for world in (int(w) for w in args.ranks.split(",")):
         if world == 1:
@@ -139,6 +222,8 @@ def main() -> None:
            "data": "TensorLoader over SyntheticCifar10, crop+flip", "config": config, "results": rows,
            "torch": str(torch.__version__), "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "note": "ratio = median over blocks of (Trainer block time / hand-loop block time), same processes"}
+    if compile_rows is not None:
+        out["compile"] = {"results": compile_rows, "note": "compiled / eager Trainer epoch time (CPU, inductor)"}
     atomic_write_text(args.out, json.dumps(out, indent=2))
     print(f"wrote {args.out}")
 

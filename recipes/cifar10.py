@@ -12,7 +12,8 @@
 Configs live in conf/ (cifar10.yaml and one directory per group); every key is
 checked against the schemas in fleetlite/recipe/schema.py before training.
 The run directory (default outputs/<date>/<time> of the launch, shared by all ranks and by every elastic
-restart) gets .hydra/, metrics.csv, checkpoints/ and training_curves.png, written by rank 0. SIGTERM
+restart) gets .hydra/, metrics.csv, checkpoints/, training_curves.png and model.safetensors (+ model.json),
+written by rank 0; logger=[csv,tensorboard,mlflow,wandb] adds trackers, trainer.compile/profile=true. SIGTERM
 (pre-emption) makes every rank stop after the same step, save a checkpoint and exit with status 143.
 """
 
@@ -26,13 +27,16 @@ import fleetlite
 from fleetlite.callbacks import NonFiniteLossError
 from fleetlite.distributed import CollectiveError
 from fleetlite.recipe.build import (
+    MODEL_FILE,
     build_callbacks,
     build_data,
+    build_loggers,
     build_model,
     build_optimizer,
     build_scheduler,
     build_strategy,
     check_recompute,
+    model_card,
     optimizer_steps_per_epoch,
 )
 from fleetlite.recipe.preflight import fail, prepare_cli
@@ -67,18 +71,22 @@ def train(cfg: DictConfig) -> float:
     trainer = fleetlite.Trainer(model, optimizer,
                                 loss=torch.nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing),
                                 metrics=fleetlite.metric.Accuracy(), strategy=strategy, device=run.device,
-                                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+                                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                                compile=cfg.trainer.compile)
 
-    # 6. fit: progress on rank 0; metrics.csv and checkpoints/ in the run directory
+    # 6. fit: progress on rank 0; metrics.csv, checkpoints/ and the logger group's trackers in the run directory
+    callbacks = build_callbacks(cfg.trainer, run.dir, scheduler) + build_loggers(cfg.logger, cfg.trainer, run.dir)
     verbose = 1 if cfg.trainer.callbacks.progress else 0
     trainer.fit(data.train, eval_data=data.test, epochs=cfg.trainer.epochs, eval_freq=cfg.trainer.eval_freq,
-                log_freq=cfg.trainer.log_freq, callbacks=build_callbacks(cfg.trainer, run.dir, scheduler),
+                log_freq=cfg.trainer.log_freq, callbacks=callbacks,
                 resume=run.resume, save_dir=run.dir if cfg.trainer.callbacks.checkpoint else None,
                 num_iters=cfg.trainer.max_steps, verbose=verbose, seed=cfg.seed)
     exit_if_preempted(run, trainer)  # SIGTERM: checkpoint written, exit 143; resume=auto continues
 
     # 7. final evaluation on the whole test split, the curves, and where everything is
     final = trainer.evaluate(data.test, verbose=0)
+    # 8. the weights for inference: model.safetensors + model.json (fleetlite.vision.models.from_safetensors)
+    trainer.export(run.dir / MODEL_FILE, config=model_card(cfg, data.classes))
     return finish_run(run, final, plot=cfg.trainer.plot)["acc"]
 
 

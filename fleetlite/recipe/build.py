@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
 __all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
-           "build_scheduler", "build_strategy", "build_callbacks", "check_recompute", "optimizer_steps_per_epoch",
-           "METRICS_FILE",
-           "PLOT_FILE"]
+           "build_scheduler", "build_strategy", "build_callbacks", "build_loggers", "check_recompute", "model_card",
+           "optimizer_steps_per_epoch", "METRICS_FILE", "PLOT_FILE", "MODEL_FILE"]
 
 METRICS_FILE = "metrics.csv"
 PLOT_FILE = "training_curves.png"
+MODEL_FILE = "model.safetensors"  # the trained weights (+ model.json), fleetlite.vision.models.from_safetensors
 _WHITENING_IMAGES = 5000
 
 
@@ -270,3 +270,44 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
     if c.preemption:  # SIGTERM: all ranks stop after the same step; ModelCheckpoint writes the last state
         out.append(cb.Preemption(save_dir=str(run_dir / CHECKPOINT_SUBDIR)))
     return out
+
+
+def build_loggers(cfg: DictConfig, trainer_cfg: DictConfig, run_dir: str | Path) -> list:
+    """The ``logger`` group's trackers (and ``trainer.profile``'s Profiler), paths inside ``run_dir``.
+
+    A learning-rate monitor comes first when any logger is on; the CSV/TensorBoard entries are skipped
+    when ``trainer.callbacks`` already writes the same file. Missing packages fail here, before training,
+    with the ``pip install 'fleetlite[...]'`` line.
+    """
+    from fleetlite import callbacks as cb
+
+    run_dir = Path(run_dir).resolve()
+    c = trainer_cfg.callbacks
+    out: list = []
+    if cfg.csv is not None and not (c.csv_logger and cfg.csv.filename == METRICS_FILE):
+        out.append(cb.CSVLogger(str(run_dir / cfg.csv.filename)))
+    if cfg.tensorboard is not None and not (c.tensorboard and cfg.tensorboard.dir == "tensorboard"):
+        out.append(cb.TensorBoard(str(run_dir / cfg.tensorboard.dir),
+                                  histogram_freq=int(cfg.tensorboard.histogram_freq)))
+    if cfg.mlflow is not None:
+        m = cfg.mlflow
+        out.append(cb.MLflowLogger(experiment_name=m.experiment_name, run_name=m.run_name,
+                                   tracking_uri=m.tracking_uri))
+    if cfg.wandb is not None:
+        w = cfg.wandb
+        out.append(cb.WandbCallback(project=w.project, entity=w.entity, name=w.name, mode=w.mode,
+                                    dir=str(run_dir)))
+    if cfg.lr_monitor and (out or c.csv_logger or c.tensorboard or cfg.csv is not None):
+        out.insert(0, cb.LearningRateMonitor())
+    if trainer_cfg.profile:
+        out.append(cb.Profiler(dir=str(run_dir / "profiler")))
+    return out
+
+
+def model_card(cfg: DictConfig, classes: list[str]) -> dict[str, Any]:
+    """What goes alongside ``model.safetensors``: the model's name and arguments (``num_classes`` included),
+    the class names and the whole config, so :func:`fleetlite.vision.models.from_safetensors` rebuilds it."""
+    full = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    model = dict(full["model"])
+    model["num_classes"] = len(classes)
+    return {"model": model, "classes": list(classes), "config": full}

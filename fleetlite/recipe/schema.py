@@ -28,6 +28,7 @@ __all__ = [
     "SGDConfig", "AdamConfig", "AdamWConfig", "CosineConfig", "OneCycleConfig", "NoSchedConfig",
     "AmpConfigs", "RecomputeConfigs", "GradientMergeConfigs", "Fp16AllreduceConfigs", "ShardingConfigs",
     "StrategyConfig", "EarlyStoppingConfig", "CallbacksConfig", "TrainerConfig", "RecipeConfig",
+    "LoggerConfig", "CsvLoggerConfig", "TensorBoardLoggerConfig", "MLflowLoggerConfig", "WandbLoggerConfig",
     "register_configs", "SCHEMAS", "launch_time", "LAUNCH_TIME_VAR",
 ]
 
@@ -242,7 +243,47 @@ class TrainerConfig:
     plot: bool = True                   # training_curves.png at the end (needs matplotlib)
     cudnn_benchmark: bool | None = None  # cudnn autotuning (fixed input sizes); null: on for CUDA runs
     allow_tf32: bool | None = None      # TF32 matmuls/convolutions on Ampere+; null: on for CUDA runs
+    compile: bool = False               # torch.compile the network (before the data-parallel wrapping)
+    profile: bool = False               # torch.profiler: one trace per rank in run_dir/profiler, top ops printed
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+
+
+# --- logger: any of csv, tensorboard, mlflow, wandb (logger=[csv,mlflow]) -----------------------------------------
+@dataclass
+class CsvLoggerConfig:
+    filename: str = "metrics.csv"    # in the run directory; the training-curves PNG is drawn from it
+
+
+@dataclass
+class TensorBoardLoggerConfig:
+    dir: str = "tensorboard"         # in the run directory
+    histogram_freq: int = 0          # parameter/gradient histograms every N optimizer steps (0: none)
+
+
+@dataclass
+class MLflowLoggerConfig:
+    experiment_name: str = "cifar10"
+    run_name: str | None = None
+    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else the local file store run_dir/mlruns
+
+
+@dataclass
+class WandbLoggerConfig:
+    project: str = "fleetlite"
+    entity: str | None = None
+    name: str | None = None
+    mode: str = "offline"            # offline: written under run_dir/wandb, sent by `wandb sync`; or online
+
+
+@dataclass
+class LoggerConfig:
+    """``logger/``: the experiment trackers in use (each option fills its own entry; rank 0 logs)."""
+
+    csv: CsvLoggerConfig | None = None
+    tensorboard: TensorBoardLoggerConfig | None = None
+    mlflow: MLflowLoggerConfig | None = None
+    wandb: WandbLoggerConfig | None = None
+    lr_monitor: bool = True          # the learning rate in every logger's records (LearningRateMonitor)
 
 
 # --- the primary config ---------------------------------------------------------------------------------------
@@ -263,6 +304,7 @@ class RecipeConfig:
     sched: Any = MISSING
     strategy: Any = MISSING
     trainer: Any = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     device: Device = Device.auto
     run_dir: str = MISSING       # one directory per run, shared by all ranks

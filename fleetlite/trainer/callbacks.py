@@ -12,7 +12,9 @@ into the checkpoint and a resumed run continues where it stopped.
 
 Built-ins: :class:`History` (added by ``fit``), :class:`ProgressBar`,
 :class:`ModelCheckpoint`, :class:`EarlyStopping`, :class:`Preemption`, :class:`LRScheduler`,
-:class:`CSVLogger`, :class:`TensorBoard`, :class:`TerminateOnNaN`.
+:class:`CSVLogger`, :class:`TensorBoard`, :class:`TerminateOnNaN`; trackers and tools in their own modules:
+:class:`LearningRateMonitor`, :class:`MLflowLogger`, :class:`WandbCallback` (loggers.py),
+:class:`Profiler` (profiler.py).
 
 Example::
 
@@ -35,15 +37,18 @@ from typing import Any
 from ..utils.atomic import atomic_write_text
 from .callback_base import Callback, CallbackList, History, is_rank_zero
 from .early_stopping import EarlyStopping
+from .loggers import LearningRateMonitor, MLflowLogger, WandbCallback
 from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
+from .profiler import Profiler
 from .progress import ProgressBar
 from .terminate_on_nan import NonFiniteLossError, TerminateOnNaN
 
 __all__ = ["Callback", "CallbackList", "History", "ProgressBar", "ModelCheckpoint", "EarlyStopping",
            "Preemption", "LRScheduler", "CSVLogger", "TensorBoard", "TerminateOnNaN", "NonFiniteLossError",
            "atomic_write_text", "build_callbacks", "ProgBarLogger", "VisualDL", "ReduceLROnPlateau",
-           "LearningRateScheduler", "LambdaCallback", "BackupAndRestore", "config_callbacks", "EMA"]
+           "LearningRateScheduler", "LambdaCallback", "BackupAndRestore", "config_callbacks", "EMA",
+           "LearningRateMonitor", "MLflowLogger", "WandbCallback", "Profiler"]
 
 
 class LRScheduler(Callback):
@@ -205,6 +210,9 @@ def _summary_writer_class():
 class TensorBoard(Callback):
     """Write epoch logs (and every ``log_freq`` steps the running loss) as TensorBoard scalars on rank 0.
 
+    The learning rate of each param group is written with the epoch logs (``epoch/lr``); with
+    ``histogram_freq=N``, parameter and gradient histograms every N optimizer steps.
+
     Needs the ``tensorboard`` package; without it the constructor raises an
     ImportError that says how to install it.
 
@@ -213,17 +221,30 @@ class TensorBoard(Callback):
         trainer.fit(data, epochs=3, callbacks=[TensorBoard("runs/tb")])
     """
 
-    def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch") -> None:
+    def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch", histogram_freq: int = 0) -> None:
         super().__init__()
         self._writer_cls = _summary_writer_class()
         self.log_dir = log_dir
         self.update_freq = update_freq
+        self.histogram_freq = int(histogram_freq)  # every N optimizer steps: parameter and gradient histograms
         self.writer = None
+        self._hook = None
 
     def on_train_begin(self, logs=None):
         if is_rank_zero():
             log_dir = self.log_dir or str(Path(self.trainer.run_dir) / "tensorboard")
             self.writer = self._writer_cls(log_dir=log_dir)
+            if self.histogram_freq > 0 and self._hook is None:  # grads exist only until the step clears them
+                self._hook = self.trainer.optimizer.register_step_pre_hook(self._histograms)
+
+    def _histograms(self, optimizer, args, kwargs):
+        step = self.trainer.global_step + 1  # the step about to be taken
+        if self.writer is None or step % self.histogram_freq:
+            return
+        for name, p in self.trainer.network.named_parameters():
+            self.writer.add_histogram(f"params/{name}", p.detach().float().cpu(), step)
+            if p.grad is not None:
+                self.writer.add_histogram(f"grads/{name}", p.grad.detach().float().cpu(), step)
 
     def on_train_batch_end(self, step, logs=None):
         if self.writer is None or self.update_freq == "epoch" or not logs:
@@ -237,11 +258,19 @@ class TensorBoard(Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.writer is None:
             return
-        for k, v in (logs or {}).items():
+        from .loggers import learning_rates
+
+        logs = dict(logs or {})
+        if not any(k == "lr" or k.startswith("lr/") for k in logs) and self.trainer.optimizer is not None:
+            logs.update(learning_rates(self.trainer.optimizer))
+        for k, v in logs.items():
             self.writer.add_scalar(f"epoch/{k}", _plain(v), epoch)
         self.writer.flush()
 
     def on_train_end(self, logs=None):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -265,7 +294,9 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
     steps = train.length() if train is not None else None
     params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq, "batch_size": batch_size,
               "world_size": trainer._connector.world_size}
-    return CallbackList(extra + given, trainer=trainer, params=params)
+    first = [cb for cb in given if isinstance(cb, LearningRateMonitor)]  # its lr feeds every logger and History
+    rest = [cb for cb in given if not isinstance(cb, LearningRateMonitor)]
+    return CallbackList(first + extra + rest, trainer=trainer, params=params)
 
 
 from .ema import EMA  # noqa: E402

@@ -24,7 +24,18 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Connector", "resolve_device", "check_positive", "plain_config"]
+__all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled",
+           "strip_compile_prefix"]
+
+# Note [compile in place]
+# ``Trainer(compile=...)`` compiles the network with ``nn.Module.compile`` (torch.compile of the module's own
+# call, in place) before ``fleet.distributed_model`` wraps it. The module object stays the same, so its
+# parameters are the ones the engine's hooks and buckets see, and ``state_dict()`` keys carry no
+# ``_orig_mod.`` prefix (the prefix that ``torch.compile(module)``'s OptimizedModule adds): a compiled run's
+# checkpoint loads into an uncompiled model and back. Dynamo traces at the first call, so the strategy's
+# changes to the forward (recompute, amp autocast) are compiled with it.
+_COMPILE_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+_COMPILE_PREFIX = "_orig_mod."
 
 
 def check_positive(**values: Any) -> None:
@@ -63,6 +74,51 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def compile_options(value: Any) -> dict[str, Any] | None:
+    """``Trainer(compile=...)`` as ``torch.compile`` kwargs: False/None -> None, True -> {}, a dict checked."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if hasattr(value, "items"):
+        opts = dict(value.items())
+        bad = sorted(set(opts) - set(_COMPILE_KEYS))
+        if bad:
+            raise ValueError(f"compile={opts!r}: unknown torch.compile argument(s) {bad}; the known ones are "
+                             f"{list(_COMPILE_KEYS)} (e.g. compile={{'mode': 'max-autotune'}})")
+        return opts
+    raise TypeError(f"compile must be True, False or a dict of torch.compile arguments, got {type(value).__name__}")
+
+
+def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
+    """(the plain module, whether it was a ``torch.compile`` OptimizedModule): Note [compile in place]."""
+    orig = getattr(model, "_orig_mod", None)
+    if isinstance(orig, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return orig, True
+    return model, False
+
+
+def strip_compile_prefix(state: dict[str, Any]) -> dict[str, Any]:
+    """A state_dict saved from a ``torch.compile``-d module, with its ``_orig_mod.`` key prefixes removed."""
+    if not any(isinstance(k, str) and _COMPILE_PREFIX in k for k in state):
+        return state
+    return {(k.replace(_COMPILE_PREFIX, "") if isinstance(k, str) else k): v for k, v in state.items()}
+
+
+def _eager_recompute(network: nn.Module) -> None:
+    """Recomputed submodules (strategy.recompute) run eagerly inside the compiled network: a graph break.
+
+    Dynamo cannot trace ``torch.utils.checkpoint`` with the custom ``context_fn`` that keeps batch-norm
+    statistics exact; ``_compiled_call_impl`` is where ``nn.Module.compile`` puts its compiled call, here
+    the eager call behind ``torch.compiler.disable``.
+    """
+    from ..distributed.fleet.checkpointing import is_recomputed
+
+    for m in network.modules():
+        if m is not network and is_recomputed(m):
+            m._compiled_call_impl = torch.compiler.disable(m._call_impl)
+
+
 # the strategy the last Trainer passed to fleet.init, so that a later Trainer(strategy=None) does not inherit it
 _trainer_set_strategy: dict[str, Any] = {}
 
@@ -76,8 +132,9 @@ class Connector:
         dp_model, dist_opt = conn.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
     """
 
-    def __init__(self, strategy: Any = None, device: str | torch.device | None = "auto") -> None:
+    def __init__(self, strategy: Any = None, device: str | torch.device | None = "auto", compile: Any = None) -> None:
         self.device = resolve_device(device)
+        self.compile = compile_options(compile)
         self.user_strategy = strategy
         self.strategy = None  # the resolved DistributedStrategy (as the user gave it)
         self.accumulate = 1
@@ -144,9 +201,15 @@ class Connector:
 
         self.start()
         if isinstance(network, (DataParallel, ShardedDataParallel)):
+            if self.compile is not None and isinstance(network, DataParallel):  # Note [compile in place]
+                network.module.compile(**self.compile)
             return network, network.module
         network.to(self.device)
+        if self.compile is not None:  # Note [compile in place]: before wrapping, once
+            network.compile(**self.compile)
         wrapped = fleet.distributed_model(network)
+        if self.compile is not None:
+            _eager_recompute(wrapped.module)
         return wrapped, wrapped.module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):

@@ -286,15 +286,19 @@ def _as_outputs(out: Any) -> list[torch.Tensor]:
     raise TypeError(f"predict_step must return a tensor or a tuple of tensors, got {type(out).__name__}")
 
 
-def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
-    """Outputs in dataset order, gathered across ranks, padding removed (each sample once)."""
+def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
+    """Outputs in dataset order, gathered across ranks, padding removed (each sample once).
+
+    With a :class:`~fleetlite.trainer.predict_writer.PredictionWriter` the batches go to disk as they come
+    and the merged files' paths are returned (Note [streamed predictions]).
+    """
     from ..distributed.faults import peer_failures
 
     with peer_failures("prediction"):
-        return _run_predict(t, data, batch_size, stack_outputs, callbacks)
+        return _run_predict(t, data, batch_size, stack_outputs, callbacks, writer)
 
 
-def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks) -> Any:
+def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
     from ..distributed import collective
     from ..io.evaluation import trim_batch
 
@@ -310,7 +314,10 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
     was_training = module.training
     module.eval()
     local: list[list[torch.Tensor]] = []
-    local_idx: list[int] = []
+    local_idx: list[list[int]] = []  # the dataset indices of each local batch
+    writes = writer is not None and (gather or collective.get_rank() == 0)  # unsharded data: rank 0 writes
+    if writer is not None:
+        writer.start()
     callbacks.on_predict_begin()
     try:
         with torch.no_grad():
@@ -323,24 +330,58 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
                     batch = trim_batch(batch, valid)
                 callbacks.on_predict_batch_begin(i)
                 outs = _as_outputs(_cpu(t.predict_step(t._to_device(batch))))
-                local.append(outs)
-                if indices is not None:
-                    local_idx.extend(indices[i][:batch_length(batch)])
+                idx = list(indices[i][:batch_length(batch)]) if indices is not None else None
+                if writes:
+                    writer.write(outs, idx)
+                elif writer is None:
+                    local.append(outs)
+                    if idx is not None:
+                        local_idx.append(idx)
                 callbacks.on_predict_batch_end(i, {"outputs": outs})
     finally:
         module.train(was_training)
-    n_out = len(local[0]) if local else 0
-    columns = [torch.cat([b[k] for b in local]) if local else torch.empty(0) for k in range(n_out)]
+    if writer is not None:
+        paths = writer.finish()
+        callbacks.on_predict_end({"num_samples": writer.rows, "paths": paths})
+        return paths
     if gather:
-        parts = collective.all_gather_object((local_idx, columns))
-        idx = torch.tensor([j for p in parts for j in p[0]], dtype=torch.int64)
-        n_out = max(len(p[1]) for p in parts)
-        columns = [torch.cat([p[1][k] for p in parts if len(p[1]) > k]) for k in range(n_out)]
-        order = torch.argsort(idx, stable=True)
-        columns = [c[order] for c in columns]
-    callbacks.on_predict_end({"num_samples": int(columns[0].shape[0]) if columns else 0})
-    if stack_outputs:
-        result = columns
-    else:
-        result = [list(torch.split(c, batch_size)) for c in columns]
+        parts = collective.all_gather_object((local_idx, local))
+        local_idx = [ix for p in parts for ix in p[0]]
+        local = [b for p in parts for b in p[1]]
+    result = _assemble(local, local_idx if gather else None, batch_size, stack_outputs)
+    callbacks.on_predict_end({"num_samples": int(result[0].shape[0]) if stack_outputs and result else
+                              sum(int(b[0].shape[0]) for b in local)})
     return result[0] if len(result) == 1 else result
+
+
+def _assemble(batches: list[list[torch.Tensor]], idx: list[list[int]] | None, batch_size: int,
+              stack_outputs: bool) -> list[Any]:
+    """Per output, the batches (or one stacked tensor) in dataset order; ``idx``: each batch's dataset indices.
+
+    # Note [predict batches]
+    Equal non-batch dims: the outputs are concatenated in dataset order and cut into ``batch_size`` chunks
+    (on one rank these are exactly the computed batches; across ranks, Paddle's layout). Differing dims
+    (variable-length sequences, detection heads) cannot be regrouped: each batch comes back as computed,
+    the batches ordered by their first sample's dataset index.
+    """
+    n_out = max((len(b) for b in batches), default=0)
+    if idx is not None:
+        order = sorted(range(len(batches)), key=lambda j: idx[j][0] if idx[j] else -1)
+        batches, idx = [batches[j] for j in order], [idx[j] for j in order]
+    result = []
+    for k in range(n_out):
+        col = [b[k] for b in batches if len(b) > k]
+        same = len({tuple(c.shape[1:]) for c in col}) <= 1
+        if not stack_outputs and not same:
+            result.append(col)
+            continue
+        if not same:
+            raise ValueError(f"predict(stack_outputs=True): output {k} has different non-batch shapes across "
+                             f"batches ({sorted({tuple(c.shape[1:]) for c in col})}), so it cannot be stacked "
+                             "into one tensor; use stack_outputs=False to get the batches as computed")
+        cat = torch.cat(col) if col else torch.empty(0)
+        if idx is not None:
+            flat = torch.tensor([j for ix in idx for j in ix], dtype=torch.int64)
+            cat = cat[torch.argsort(flat, stable=True)]
+        result.append(cat if stack_outputs else list(torch.split(cat, batch_size)))
+    return result

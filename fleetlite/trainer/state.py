@@ -380,6 +380,9 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
             raise
     if not reset_optimizer:  # before anything is loaded
         check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+    from .connector import strip_compile_prefix
+
+    weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
     own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
     if skip_mismatch:
         bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]

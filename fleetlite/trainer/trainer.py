@@ -37,6 +37,9 @@ class Trainer:
         strategy: a ``fleet.DistributedStrategy`` (or dict): amp, gradient merge, sharding, ...
         device: ``"auto"`` (this rank's GPU, else CPU), ``"cpu"``, ``"cuda:0"``...
         config: the run's configuration (plain values), stored in checkpoints.
+        compile: ``True`` or a dict of ``torch.compile`` arguments: compile the network (in place, before
+            the data-parallel wrapping; ``state_dict`` keys unchanged). A ``torch.compile``-d module is
+            unwrapped and compiled the same way.
 
     Under ``fleetlite launch``/torchrun with several ranks the Trainer calls
     ``fleet.init``, wraps the model with ``fleet.distributed_model`` and the
@@ -58,15 +61,20 @@ class Trainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  loss: Callable[..., torch.Tensor] | None = None, metrics: Metric | Sequence[Metric] | None = None,
-                 strategy: Any = None, device: str | torch.device = "auto", config: Any = None) -> None:
+                 strategy: Any = None, device: str | torch.device = "auto", config: Any = None,
+                 compile: bool | dict[str, Any] = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
         from ..parallel import DataParallel
+        from .connector import unwrap_compiled
+
+        model, was_compiled = unwrap_compiled(model)  # no _orig_mod. keys (Note [compile in place])
+        compile = compile or was_compiled
 
         self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
         self._given_model = model
         self.parallel_network: nn.Module | None = None
-        self._connector = Connector(strategy, device)
+        self._connector = Connector(strategy, device, compile)
         self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
         self.grad_clip: list[Any] = []
@@ -89,6 +97,7 @@ class Trainer:
         self._pass_index = 0
         self._batch_valid = 0
         self._epoch_rng: dict[str, Any] | None = None
+        self._export_example: tuple[torch.Tensor, ...] | None = None  # two input rows, for export()
         self._reset_train_accum()
 
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
@@ -349,6 +358,11 @@ class Trainer:
         self._train_adapter, self._callbacks, self.fitting = train, cbs, True
         try:
             loops.run_fit(self, train, evaluation, epochs, eval_freq, num_iters, cbs, resume_state)
+        except BaseException as e:
+            for cb in cbs:  # trackers mark their run FAILED (fleetlite.trainer.loggers)
+                if hasattr(cb, "on_exception"):
+                    cb.on_exception(e)
+            raise
         finally:
             self.fitting = False
             self._pending.clear()
@@ -372,12 +386,16 @@ class Trainer:
         return loops.run_evaluate(self, data, cbs)
 
     def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
-                callbacks: Sequence[Callback] | None = None, verbose: int = 0) -> Any:
+                callbacks: Sequence[Callback] | None = None, verbose: int = 0,
+                output_dir: str | os.PathLike | None = None) -> Any:
         """Model outputs for ``data`` in dataset order, gathered across ranks without duplicates.
 
         Returns, for a model with one output, a list of batch tensors (one
         tensor with ``stack_outputs=True``); for several outputs, a list with
-        one such entry per output (Paddle's layout).
+        one such entry per output (Paddle's layout). Outputs whose non-batch dims
+        differ between batches come back batch by batch (Note [predict batches]).
+        ``output_dir``: stream the outputs to disk instead (memory independent of
+        the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
         """
         from . import loops
 
@@ -386,7 +404,12 @@ class Trainer:
         pin = self.device.type == "cuda"
         adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, pin, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
-        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs)
+        writer = None
+        if output_dir is not None:
+            from .predict_writer import PredictionWriter
+
+            writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)
+        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs, writer)
 
     def _eval_due(self, epoch: int, eval_freq: int) -> bool:
         """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""
@@ -434,6 +457,11 @@ class Trainer:
     def _to_device(self, batch: Any) -> Any:
         from .data_adapter import to_device
 
+        if self._export_example is None:
+            from .export import remember_example
+
+            remember_example(self, batch)
+
         return to_device(batch, self.device)
 
     # -- training accumulators ----------------------------------------------------------------------------------
@@ -456,7 +484,9 @@ class Trainer:
         return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.network.load_state_dict(weights)
+        from .connector import strip_compile_prefix
+
+        self.network.load_state_dict(strip_compile_prefix(weights))
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.
@@ -466,6 +496,19 @@ class Trainer:
         from .state import save_trainer
 
         return save_trainer(self, path, training)
+
+    def export(self, path: str | os.PathLike, format: str = "safetensors",
+               example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True,
+               config: Any = None) -> Path:
+        """Export the model for inference: ``safetensors`` weights, a ``torch.export`` ``.pt2`` or ``onnx``.
+
+        The config goes alongside (``<stem>.json``); the batch size stays dynamic. ``example_inputs``
+        default to two rows of the first batch fit/evaluate/predict saw; ``config`` (default: the
+        Trainer's) is what goes alongside. See :mod:`fleetlite.trainer.export`.
+        """
+        from .export import trainer_export
+
+        return trainer_export(self, path, format, example_inputs, dynamic_batch, config)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "resnet18", "fast", "build_model", "MODELS"]
+__all__ = ["TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "resnet18", "fast", "build_model", "MODELS",
+           "from_safetensors"]
 
 
 class TutorialCNN(nn.Module):
@@ -212,3 +213,21 @@ def build_model(name: str, **kwargs) -> nn.Module:
     except TypeError as e:
         raise TypeError(f"model {name!r} does not take these arguments ({e}); "
                         f"see fleetlite.vision.models.{name}") from None
+
+
+def from_safetensors(path: str, **overrides) -> nn.Module:
+    """The model a recipe run exported (``model.safetensors`` + ``model.json``), weights loaded, in eval mode.
+
+    The JSON's ``model`` entry names the network and its arguments (``num_classes`` included); keyword
+    ``overrides`` replace them. Example: ``net = from_safetensors("outputs/.../model.safetensors")``.
+    """
+    from ..trainer.export import load_safetensors, read_config
+
+    config = read_config(path)
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict) or "name" not in config["model"]:
+        raise ValueError(f"{path}: no model description alongside it (expected a JSON file next to it with "
+                         "model: {name: ..., num_classes: ...}, as the recipe writes); build the network "
+                         "yourself and use fleetlite.trainer.export.load_safetensors(net, path)")
+    kwargs = {k: v for k, v in config["model"].items() if k not in ("name", "whiten")}
+    kwargs.update(overrides)
+    return load_safetensors(build_model(config["model"]["name"], **kwargs), path).eval()

@@ -1,0 +1,217 @@
+"""Exported models: weights as safetensors, a ``torch.export`` program (``.pt2``) or ONNX, config alongside.
+
+``Trainer.export`` calls :func:`export_model`; so can Paddle's ``Model.save(path, training=False)`` (the
+hapi face) or any code holding a plain ``nn.Module``. Every format is written atomically (a failed export
+leaves no half-written file behind) with the batch dimension dynamic, and next to it ``<stem>.json``: the
+configuration given (the recipe's config, for instance), so the model can be rebuilt
+(:func:`fleetlite.vision.models.from_safetensors`).
+
+Example::
+
+    import torch
+    from fleetlite.trainer.export import export_model, load_safetensors
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    export_model(net, "out/net.safetensors", config={"layers": [4, 3]})
+    export_model(net, "out/net.pt2", format="torch.export", example_inputs=(torch.randn(2, 4),))
+    fresh = load_safetensors(torch.nn.Sequential(torch.nn.Linear(4, 3)), "out/net.safetensors")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..utils.atomic import atomic_open, atomic_write_text, fsync_dir, temp_name
+
+__all__ = ["FORMATS", "export_model", "load_safetensors", "read_config", "config_path", "example_inputs_of",
+           "require"]
+
+#: format -> the file suffix it is written with (added when ``path`` has none).
+FORMATS = {"safetensors": ".safetensors", "torch.export": ".pt2", "onnx": ".onnx"}
+_EXTRAS = {"safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnx", "mlflow": "mlflow",
+           "wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def require(module: str, what: str, extra: str | None = None):
+    """Import an optional dependency, or raise a one-line ImportError naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        package = module.split(".")[0]
+        extra = extra or _EXTRAS.get(package, package)
+        how = f"pip install {package} (a fleetlite dependency)" if extra == "safetensors" else \
+            f"pip install 'fleetlite[{extra}]'"
+        raise ImportError(f"{what} needs the {package} package, which is not installed: {how}") from None
+
+
+def config_path(path: str | os.PathLike) -> Path:
+    """Where the config of an exported file lives: ``model.safetensors`` -> ``model.json``."""
+    return Path(path).with_suffix(".json")
+
+
+def read_config(path: str | os.PathLike) -> Any:
+    """The config written alongside an exported file (None when there is none)."""
+    p = config_path(path)
+    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+
+
+def example_inputs_of(inputs: Sequence[Any], rows: int = 2) -> tuple[torch.Tensor, ...]:
+    """A small CPU copy (``rows`` samples) of a batch's inputs: what export traces with."""
+    out = []
+    for x in inputs:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"export traces tensor inputs only, got {type(x).__name__}; pass example_inputs=")
+        out.append(x[:rows].detach().to("cpu", copy=True))
+    return tuple(out)
+
+
+def _check(format: str, path: Path, example_inputs) -> Path:
+    if format not in FORMATS:
+        raise ValueError(f"export format={format!r} is not one of {list(FORMATS)}")
+    if path.suffix == "":
+        path = path.with_suffix(FORMATS[format])
+    if format != "safetensors" and not example_inputs:
+        raise ValueError(f"export(format={format!r}) traces the model, so it needs example inputs: pass "
+                         "example_inputs=(x,) (a batch of inputs), or run fit/evaluate/predict first (the "
+                         "Trainer keeps two rows of the first batch it sees)")
+    return path
+
+
+def _two_rows(example_inputs: tuple) -> tuple:
+    """Inputs of batch size 1 doubled: torch.export specializes a dimension traced at size 1."""
+    return tuple(torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 1 else x
+                 for x in example_inputs)
+
+
+def _dynamic_batch(example_inputs) -> tuple[dict[int, Any], ...]:
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    return tuple({0: batch} for _ in example_inputs)
+
+
+def export_model(model: nn.Module, path: str | os.PathLike, format: str = "safetensors",
+                 example_inputs: Sequence[torch.Tensor] | None = None, config: Any = None,
+                 dynamic_batch: bool = True) -> Path:
+    """Write ``model`` to ``path`` as ``format`` (``safetensors``, ``torch.export`` or ``onnx``); returns the path.
+
+    ``example_inputs``: a tuple of input tensors (any batch size above 1) for the formats that trace;
+    with ``dynamic_batch`` (default) the exported program accepts any batch size. ``config`` (plain,
+    JSON-able values) is written to ``<stem>.json`` and, for safetensors, into the file's metadata too.
+    The model is exported in eval mode (restored afterwards).
+    """
+    path = _check(format, Path(path), example_inputs)
+    if example_inputs is not None and dynamic_batch:
+        example_inputs = _two_rows(tuple(example_inputs))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    try:
+        if format == "safetensors":
+            _save_safetensors(model, path, config)
+        elif format == "torch.export":
+            program = _torch_export(model, tuple(example_inputs), dynamic_batch)
+            with atomic_open(path, "wb") as f:
+                torch.export.save(program, f)
+        else:
+            _save_onnx(model, path, tuple(example_inputs), dynamic_batch)
+    finally:
+        model.train(was_training)
+    if config is not None:
+        atomic_write_text(config_path(path), json.dumps(config, indent=2, sort_keys=True, default=str))
+    return path
+
+
+def _torch_export(model: nn.Module, example_inputs: tuple, dynamic_batch: bool):
+    shapes = _dynamic_batch(example_inputs) if dynamic_batch else None
+    with torch.no_grad():
+        return torch.export.export(model, example_inputs, dynamic_shapes=shapes)
+
+
+def _save_safetensors(model: nn.Module, path: Path, config: Any) -> None:
+    st = require("safetensors.torch", "export(format='safetensors')", "safetensors")
+    meta = {"format": "pt"}
+    if config is not None:
+        meta["config"] = json.dumps(config, sort_keys=True, default=str)
+    # own contiguous copies: channels-last weights and tied (shared) tensors are both saved as plain tensors
+    tensors = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
+               for k, v in model.state_dict().items()}
+    tmp = temp_name(path)
+    try:
+        st.save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _save_onnx(model: nn.Module, path: Path, example_inputs: tuple, dynamic_batch: bool) -> None:
+    require("onnxscript", "export(format='onnx')", "onnx")
+    require("onnx", "export(format='onnx')", "onnx")
+    shapes = _dynamic_batch(example_inputs) if dynamic_batch else None
+    tmp = temp_name(path).with_suffix(".onnx")
+    names = [f"input_{i}" for i in range(len(example_inputs))] if len(example_inputs) > 1 else ["input"]
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model, example_inputs, str(tmp), dynamo=True, dynamic_shapes=shapes,
+                              input_names=names, external_data=False, verbose=False)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def load_safetensors(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> nn.Module:
+    """Load weights written by ``export(format="safetensors")`` into ``model``; returns ``model``."""
+    from .connector import strip_compile_prefix
+
+    st = require("safetensors.torch", "loading a .safetensors file", "safetensors")
+    missing, unexpected = model.load_state_dict(strip_compile_prefix(st.load_file(str(path))), strict=strict)
+    if not strict and (missing or unexpected):
+        import warnings
+
+        warnings.warn(f"fleetlite: {path}: missing {sorted(missing)[:10]}, unexpected {sorted(unexpected)[:10]}",
+                      stacklevel=2)
+    return model
+
+
+def remember_example(t, batch: Any) -> None:
+    """Keep two rows of the first batch's inputs on the Trainer (what ``Trainer.export`` traces with)."""
+    if t._export_example is not None:
+        return
+    try:
+        t._export_example = example_inputs_of(t.split_batch(batch)[0])
+    except (TypeError, IndexError):
+        t._export_example = ()
+
+
+def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool,
+                   config: Any = None) -> Path:
+    """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path."""
+    from ..distributed import collective
+
+    example = tuple(example_inputs) if example_inputs is not None else (t._export_example or None)
+    path = _check(format, Path(path), example)
+    error = None
+    if collective.get_rank() == 0:
+        try:
+            export_model(t.network, path, format, example, t.config if config is None else config, dynamic_batch)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
+            error = e
+    if collective.get_world_size() > 1:
+        failed = collective.all_gather_object(error is not None)
+        if any(failed) and error is None:
+            raise RuntimeError(f"export to {path} failed on rank 0 (see its error)")
+    if error is not None:
+        raise error
+    return path

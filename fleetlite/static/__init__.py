@@ -26,9 +26,10 @@ Example::
     (loss,) = exe.run(["loss"], feed={"x": torch.randn(8, 4)})
 """
 
+from .input_spec import InputSpec
 from .parallel_executor import ParallelExecutor
 from .program import Program, default_main_program, program_guard
 from .strategy import BuildStrategy, ExecutionStrategy
 
 __all__ = ["ParallelExecutor", "Program", "default_main_program", "program_guard", "BuildStrategy",
-           "ExecutionStrategy"]
+           "ExecutionStrategy", "InputSpec"]

@@ -6,6 +6,9 @@ and ``initial_epoch``.
   split: pass ``eval_data``).
 * ``steps_per_epoch=n``: an epoch is the first ``n`` batches of each (reshuffled) pass.
 * ``validation_steps=n``: each evaluation in ``fit`` uses the first ``n`` batches of each rank.
+* ``eval_steps=n`` (Lightning's ``val_check_interval``): also evaluate every ``n`` optimizer steps inside an
+  epoch; the results go to ``on_eval_end`` and ``trainer.step_evaluations`` (``{"step": ..., "val_loss": ...}``),
+  on copies of the metrics, so the epoch's training metrics are not disturbed.
 * ``initial_epoch=e``: start counting at epoch ``e`` (epochs ``e .. epochs-1`` run), as Keras when
   continuing a run by hand; ``resume=`` takes precedence.
 
@@ -24,7 +27,7 @@ from torch.utils.data import Dataset, Subset
 
 from .data_adapter import DataAdapter
 
-__all__ = ["apply_keras_options", "check_call_order"]
+__all__ = ["apply_keras_options", "check_call_order", "evaluate_in_epoch"]
 
 
 def _split(data: Any, fraction: float) -> tuple[Any, Any]:
@@ -43,12 +46,14 @@ def _split(data: Any, fraction: float) -> tuple[Any, Any]:
 def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: int, shuffle: bool,
                         drop_last: bool, num_workers: int, seed: int, validation_split: float,
                         steps_per_epoch: int | None, validation_steps: int | None,
-                        initial_epoch: int) -> tuple[Any, Any]:
-    """The (train, eval) data after the Keras options; sets ``trainer._initial_epoch``."""
+                        initial_epoch: int, eval_steps: int | None = None) -> tuple[Any, Any]:
+    """The (train, eval) data after the Keras options; sets ``trainer._initial_epoch``/``_eval_steps``."""
     from .connector import check_positive
     from .hapi_callbacks import LimitedAdapter
 
-    check_positive(steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+    check_positive(steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, eval_steps=eval_steps)
+    trainer._eval_steps = eval_steps
+    trainer.step_evaluations = []
     if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
         raise ValueError(f"initial_epoch={initial_epoch!r} must be an integer >= 0")
     trainer._initial_epoch = initial_epoch
@@ -87,3 +92,18 @@ def check_call_order(train_data: Any, eval_data: Any, batch_size: Any, epochs: A
         other = "fleetlite.Trainer.fit puts epochs before batch_size"
         warnings.warn(f"batch_size={bs} is larger than the {n} training samples and epochs=1: did you mean "
                       f"epochs={bs}? ({other}; pass them by keyword to be sure)", UserWarning, stacklevel=3)
+
+
+def evaluate_in_epoch(trainer, evaluation: DataAdapter, callbacks) -> None:
+    """An evaluation in the middle of an epoch (``eval_steps``), on copies of the metrics."""
+    import copy
+
+    from .loops import run_evaluate
+
+    saved = trainer.metrics
+    trainer.metrics = [copy.deepcopy(m) for m in saved]
+    try:
+        logs = run_evaluate(trainer, evaluation, callbacks)
+    finally:
+        trainer.metrics = saved
+    trainer.step_evaluations.append({"step": trainer.global_step, **{f"val_{k}": v for k, v in logs.items()}})

@@ -182,6 +182,11 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
                 t.global_step += 1
             callbacks.on_train_batch_end(t.batch_in_epoch - 1, step_logs)
             t.run_pending_saves()
+            if evaluation is not None and t.at_step_boundary and getattr(t, "_eval_steps", None) \
+                    and t.global_step % t._eval_steps == 0:
+                from .keras_fit import evaluate_in_epoch
+
+                evaluate_in_epoch(t, evaluation, callbacks)
             if t.at_step_boundary and (t.stop_training or (num_iters is not None and t.global_step >= num_iters)):
                 ended = pass_len is not None and t._pass_index == pass_len
                 break

@@ -288,11 +288,11 @@ class Trainer:
             drop_last: bool = False, num_workers: int = 0, accumulate_grad_batches: int = 1,
             num_iters: int | None = None, resume: Any = None, save_dir: str | os.PathLike | None = None,
             verbose: int = 1, seed: int = 0, *, validation_split: float = 0.0, steps_per_epoch: int | None = None,
-            validation_steps: int | None = None, initial_epoch: int = 0,
+            validation_steps: int | None = None, initial_epoch: int = 0, eval_steps: int | None = None,
             class_weight: dict[int, float] | None = None, sample_weight: Any = None) -> History:
         """Train for ``epochs`` epochs; returns the :class:`~fleetlite.callbacks.History`.
 
-        Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``: see
+        Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``, ``eval_steps``: see
         :mod:`fleetlite.trainer.keras_fit`; ``class_weight``, ``sample_weight``: :mod:`fleetlite.trainer.weighting`.
 
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
@@ -318,7 +318,7 @@ class Trainer:
         train_data = configure_weights(self, train_data, class_weight, sample_weight)
         train_data, eval_data = apply_keras_options(self, train_data, eval_data, batch_size, shuffle, drop_last,
                                                     num_workers, seed, validation_split, steps_per_epoch,
-                                                    validation_steps, initial_epoch)
+                                                    validation_steps, initial_epoch, eval_steps)
         check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
                         accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:

@@ -94,3 +94,17 @@ def test_class_weight_and_sample_weight_equal_weighted_hand_loop():
         torch.testing.assert_close(t.network.state_dict()[k], v, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="one per sample"):
         trainer().fit((x, y), sample_weight=sw[:5], verbose=0)
+
+
+def test_eval_steps_evaluates_inside_epochs_without_disturbing_training():
+    x, y = xy(32)
+    ev = xy(16, seed=5)
+    t = trainer()
+    hist = t.fit((x, y), eval_data=ev, epochs=2, batch_size=8, eval_steps=2, shuffle=False, verbose=0)
+    ref = trainer()
+    ref_hist = ref.fit((x, y), eval_data=ev, epochs=2, batch_size=8, shuffle=False, verbose=0)
+    assert [e["step"] for e in t.step_evaluations] == [2, 4, 6, 8]
+    assert hist.history == ref_hist.history  # epoch logs (training metrics included) unchanged
+    assert t.step_evaluations[-1]["val_loss"] == pytest.approx(hist.history["val_loss"][-1])
+    for a, b in zip(t.network.parameters(), ref.network.parameters()):
+        assert torch.equal(a, b)

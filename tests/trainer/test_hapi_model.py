@@ -205,15 +205,19 @@ def test_positional_mistakes_are_caught():
         t.fit(MyDataset(), 64)
 
 
-def test_input_specs_need_names():
-    class Spec:
-        def __init__(self, shape, dtype, name=None):
-            self.shape, self.dtype, self.name = shape, dtype, name
+def test_input_specs_need_names(tmp_path):
+    from fleetlite.static import InputSpec
 
     with pytest.raises(ValueError, match="needs a name"):
-        fleetlite.Model(MyModel(), [Spec([None, 10], "float32")])
-    model = fleetlite.Model(MyModel(), [Spec([None, 20], "float32", "x")])
+        fleetlite.Model(MyModel(), [InputSpec([None, 10], "float32")])
+    model = fleetlite.Model(MyModel(), [InputSpec([None, 20], "float32", "x")],
+                            [InputSpec([None, 1], "int64", "label")])
     assert model.summary()["total_params"] == 210
+    model.save(str(tmp_path / "infer"), training=False)  # specs given: no run needed
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.01), CrossEntropyLoss(), Accuracy())
+    model.fit(MyDataset(), MyDataset(8, 1), batch_size=8, verbose=0)  # 1 input spec: (x, label) split
+    with pytest.raises(ValueError):
+        InputSpec([None, 0])
 
 
 def test_summary_and_flops_numbers(capsys):

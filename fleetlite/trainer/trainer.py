@@ -138,9 +138,10 @@ class Trainer:
             self.ema = EMA(ema_decay)
         from .clipping import resolve_grad_clip
 
-        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
-                                                                                              None),
-                                           clipnorm, clipvalue, global_clipnorm)
+        given_clip = grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip", None)
+        if given_clip is not None or any(v is not None for v in (clipnorm, clipvalue, global_clipnorm)):
+            self.grad_clip = resolve_grad_clip(given_clip, clipnorm, clipvalue, global_clipnorm)
+        # (no clipping argument: the clipping set before is kept, as the other arguments not passed)
         if strategy is not None:
             if self._connector._started:
                 raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "

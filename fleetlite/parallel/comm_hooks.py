@@ -73,7 +73,7 @@ class GradBucket:
 def check_comm_hook(hook: Callable) -> None:
     """Validate a hook's signature as torch DDP does, before any step runs."""
     if not callable(hook):
-        raise TypeError(f"register_comm_hook: the hook must be callable, got {type(hook).__name__}")
+        raise TypeError(f"Communication hook must be callable. (got {type(hook).__name__})")
     try:
         sig = inspect.signature(hook)
     except (TypeError, ValueError):
@@ -83,10 +83,14 @@ def check_comm_hook(hook: Callable) -> None:
     if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params):
         raise TypeError("register_comm_hook: the hook must take (state, bucket) and return a "
                         "torch.futures.Future[torch.Tensor]")
+    # as torch DDP, with postponed (string) annotations accepted as they are
     bucket = sig.parameters.get("bucket")
-    if bucket is not None and bucket.annotation not in (inspect.Parameter.empty, GradBucket,
-                                                          torch.distributed.GradBucket, "dist.GradBucket"):
+    if bucket is not None and not isinstance(bucket.annotation, str) and bucket.annotation not in (
+            inspect.Parameter.empty, GradBucket, torch.distributed.GradBucket):
         raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    ret = sig.return_annotation
+    if not isinstance(ret, str) and ret not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        raise ValueError("Communication hook: return annotation should be torch.futures.Future[torch.Tensor].")
 
 
 def future_tensor(fut) -> torch.Tensor:

@@ -250,7 +250,7 @@ class DataParallel(nn.Module, Joinable):
         """
         check_comm_hook(hook)
         if self._reducer.comm_hook is not None:
-            raise RuntimeError("register_comm_hook can only be called once (as with torch DDP)")
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         if self.comm_dtype is not None:
             raise RuntimeError(f"DataParallel(comm_dtype={self.comm_dtype}) already compresses the all-reduce; "
                                "use either comm_dtype or a communication hook, not both")

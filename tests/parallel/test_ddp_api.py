@@ -154,6 +154,13 @@ def test_join_throw_on_early_termination_like_ddp():
 
 
 # ---------------------------------------------------------------- comm hooks
+def _simple_hook(state, bucket):
+    """torch's test_ddp_comm_hook_future_passing_cpu: no communication, every gradient becomes 2."""
+    fut = torch.futures.Future()
+    fut.set_result(torch.ones_like(bucket.buffer()))
+    return fut.then(lambda f: f.value() + torch.ones_like(f.value()))
+
+
 def _hooked(rank, engine, hook_name):
     torch.manual_seed(0)
     net = MLP(3, 16)
@@ -162,6 +169,8 @@ def _hooked(rank, engine, hook_name):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2, random_seed=7)
         m.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook_name == "simple":
+        m.register_comm_hook(None, _simple_hook)
     else:
         m.register_comm_hook(None, getattr(default_hooks, hook_name))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -175,7 +184,8 @@ def _hooked(rank, engine, hook_name):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD"])
+@pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD",
+                                       "simple"])
 def test_torch_comm_hooks_work_unchanged_and_match_ddp(hook_name):
     res = run_ranks(both, args=(_hooked, hook_name))
     assert_parity(res, atol=1e-6)
@@ -188,6 +198,12 @@ def test_bad_comm_hooks():
     m.register_comm_hook(None, default_hooks.allreduce_hook)
     with pytest.raises(RuntimeError, match="only be called once"):
         m.register_comm_hook(None, default_hooks.allreduce_hook)
+
+    def wrong_return(state, bucket) -> int:
+        return 0
+
+    with pytest.raises(ValueError, match="return annotation"):
+        fleetlite.DataParallel(nn.Linear(2, 2)).register_comm_hook(None, wrong_return)
     with pytest.raises(RuntimeError, match="comm_dtype"):
         fleetlite.DataParallel(nn.Linear(2, 2), comm_dtype=torch.float16).register_comm_hook(
             None, default_hooks.fp16_compress_hook)

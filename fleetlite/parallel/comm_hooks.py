@@ -14,7 +14,11 @@ Note [hook buffers]
     (the very tensors ``param.grad`` points at), so a hook that writes into
     them (PowerSGD) writes the result in place. The bucket tail (Note
     [bucket tail]) never goes through a hook: it is all-reduced on its own
-    right after the last bucket, so a hook cannot corrupt the error checks.
+    after every hook's future completed, so a hook cannot corrupt the error
+    checks and its chained collectives cannot interleave with the tail's.
+    Hooks are called in bucket order (Note [bucket order]); collectives a
+    hook launches later from a future's callback (PowerSGD's second
+    all-reduce) are ordered by the backend, exactly as under torch DDP.
 """
 
 from __future__ import annotations

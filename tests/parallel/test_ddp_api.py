@@ -303,3 +303,26 @@ def test_steady_state_cuda_step_defers_the_tail_read():
 
     r = Reducer([("w", nn.Parameter(torch.ones(2)))], None, 1, 25, 1, False)
     assert r.defer_checks is None  # auto: deferred when the tail lives on a CUDA device
+
+
+# ------------------------------------------------- parameters DDP is told to ignore
+def _ignored(rank, engine):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(rank)  # ignored tensors are neither broadcast nor averaged: they stay per rank
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["2.weight", "2.bias", "1.running_mean"])
+    m = wrap(engine, net)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(3):
+        m(batch(step, rank, 4, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return snapshot(net), net[1].running_mean.clone()
+
+
+@pytest.mark.timeout(120)
+def test_params_and_buffers_to_ignore_like_ddp():
+    res = run_ranks(both, args=(_ignored,))
+    assert_parity(res)
+    assert not torch.equal(res[0]["fleetlite"][0]["2.weight"][0], res[1]["fleetlite"][0]["2.weight"][0])

@@ -41,7 +41,17 @@ def announce_step(dp, sync_backward: bool, sync_buffers: bool) -> tuple[bool, bo
 
 
 class DataParallelJoinHook(JoinHook):
-    """Shadows a not-joined rank's forward and backward collectives (Note [join collectives])."""
+    """Shadows a not-joined rank's forward and backward collectives (Note [join collectives]).
+
+    Made by :meth:`DataParallel.join_hook`; torch's ``Join`` runs it on a rank that ran out of batches.
+
+    Example::
+
+        from torch.distributed.algorithms.join import Join
+        with Join([model], divide_by_initial_world_size=False):
+            for x in my_batches:                 # fewer on some ranks
+                model(x).sum().backward()
+    """
 
     def __init__(self, dp, divide_by_initial_world_size: bool = True):
         self.dp = dp

@@ -64,6 +64,8 @@ def test_paddle_names_and_ddp_aliases_conflict_clearly():
         fleetlite.DataParallel(net, mixed_precision=object())
     with pytest.raises(TypeError, match="unexpected keyword argument 'bucket_size'"):
         fleetlite.DataParallel(net, bucket_size=3)
+    with pytest.raises(ValueError, match="sparse=True"):
+        fleetlite.DataParallel(nn.Sequential(nn.Embedding(5, 2, sparse=True), nn.Linear(2, 2)))
     m = fleetlite.DataParallel(module=net, bucket_cap_mb=5, comm_buffer_size=5, gradient_as_bucket_view=True)
     assert m.module is net and m.comm_buffer_size == 5 and m.process_group is None
 

@@ -8,8 +8,9 @@ Note [join collectives]
     (2) one MAX all-reduce of ``[sync backward?, sync buffers?, rank]``,
     (3) the buffer broadcast from the largest rank not joined (if (2) says
     so), (4) the backward's bucket all-reduces (if (2) says so). A joined
-    rank's :meth:`_JoinHook.main_hook` mirrors (2)-(4) with zeros, so joined
-    ranks add nothing to the sums; the divisor stays the initial world size
+    rank's :meth:`DataParallelJoinHook.main_hook` mirrors (2)-(4) with zeros, so
+    joined ranks add nothing to the sums (with ``find_unused_parameters`` its
+    used map is the last one it reduced, exactly as torch DDP's); the divisor stays the initial world size
     (torch DDP's default) or, with ``divide_by_initial_world_size=False``,
     is the count from (1). After every rank joined, the model of the largest
     last-joined rank is broadcast to all (torch DDP's ``_sync_final_model``).

@@ -112,26 +112,36 @@ def test_static_graph_skips_the_graph_walk_after_the_first_step(monkeypatch):
 
 
 # ---------------------------------------------------------------------- join
-def _join(rank, engine, divide, how):
+def _join(rank, engine, divide, how, kind="plain"):
+    from test_ddp_dropin import SometimesBranch
+
     torch.manual_seed(0)
-    net = MLP(3, 8)
-    m = wrap(engine, net)
+    net = SometimesBranch() if kind == "unused" else MLP(3, 8)
+    m = wrap(engine, net, find_unused_parameters=kind == "unused")
+    if kind == "fp16":
+        m.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     n = 5 if rank == 0 else 8  # uneven inputs
     ctx = m.join(divide_by_initial_world_size=divide) if how == "method" else Join(
         [m], divide_by_initial_world_size=divide)
     with ctx:
         for step in range(n):
-            m(batch(step, rank, 2, 8)).pow(2).sum().backward()
+            if kind == "unused":
+                with m.no_sync():
+                    m(batch(50 + step, rank, 2, 6), use_odd=step % 3 == rank).sum().backward()
+                m(batch(step, rank, 2, 6), use_odd=step % 2 == 0).pow(2).sum().backward()
+            else:
+                m(batch(step, rank, 2, 8)).pow(2).sum().backward()
             opt.step()
             opt.zero_grad()
     return snapshot(net)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("divide,how", [(True, "method"), (False, "Join")])
-def test_join_uneven_inputs_matches_ddp(divide, how):
-    res = run_ranks(both, args=(_join, divide, how))
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("divide,how,kind", [(True, "method", "plain"), (False, "Join", "plain"),
+                                             (True, "method", "unused"), (True, "method", "fp16")])
+def test_join_uneven_inputs_matches_ddp(divide, how, kind):
+    res = run_ranks(both, args=(_join, divide, how, kind))
     assert_parity(res, atol=1e-5)
     for k, (p, _) in res[0]["fleetlite"].items():  # the final model is synced from the last joiner
         torch.testing.assert_close(p, res[1]["fleetlite"][k][0], rtol=0, atol=0)

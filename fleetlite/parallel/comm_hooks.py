@@ -14,7 +14,11 @@ Note [hook buffers]
     (the very tensors ``param.grad`` points at), so a hook that writes into
     them (PowerSGD) writes the result in place. The bucket tail (Note
     [bucket tail]) never goes through a hook: it is all-reduced on its own
-    right after the last bucket, so a hook cannot corrupt the error checks.
+    after every hook's future completed, so a hook cannot corrupt the error
+    checks and its chained collectives cannot interleave with the tail's.
+    Hooks are called in bucket order (Note [bucket order]); collectives a
+    hook launches later from a future's callback (PowerSGD's second
+    all-reduce) are ordered by the backend, exactly as under torch DDP.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class GradBucket:
 def check_comm_hook(hook: Callable) -> None:
     """Validate a hook's signature as torch DDP does, before any step runs."""
     if not callable(hook):
-        raise TypeError(f"register_comm_hook: the hook must be callable, got {type(hook).__name__}")
+        raise TypeError(f"Communication hook must be callable. (got {type(hook).__name__})")
     try:
         sig = inspect.signature(hook)
     except (TypeError, ValueError):
@@ -83,10 +87,14 @@ def check_comm_hook(hook: Callable) -> None:
     if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in params):
         raise TypeError("register_comm_hook: the hook must take (state, bucket) and return a "
                         "torch.futures.Future[torch.Tensor]")
+    # as torch DDP, with postponed (string) annotations accepted as they are
     bucket = sig.parameters.get("bucket")
-    if bucket is not None and bucket.annotation not in (inspect.Parameter.empty, GradBucket,
-                                                          torch.distributed.GradBucket, "dist.GradBucket"):
+    if bucket is not None and not isinstance(bucket.annotation, str) and bucket.annotation not in (
+            inspect.Parameter.empty, GradBucket, torch.distributed.GradBucket):
         raise ValueError("Communication hook: bucket annotation should be dist.GradBucket.")
+    ret = sig.return_annotation
+    if not isinstance(ret, str) and ret not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        raise ValueError("Communication hook: return annotation should be torch.futures.Future[torch.Tensor].")
 
 
 def future_tensor(fut) -> torch.Tensor:

@@ -147,6 +147,12 @@ class DataParallel(nn.Module, Joinable):
                 "DataParallel is not needed when a module doesn't have any parameter that requires a gradient "
                 f"({type(layers).__name__} has none to average). Run it without the wrapper, or unfreeze the "
                 "parameters to train (requires_grad=True) before wrapping.")
+        sparse = [n for n, mod in layers.named_modules() if getattr(mod, "sparse", False) is True
+                  and isinstance(mod, (nn.Embedding, nn.EmbeddingBag))]
+        if sparse:
+            raise ValueError(f"DataParallel averages dense gradients only, but {sparse[0]!r} is an embedding with "
+                             "sparse=True (sparse gradients). Build it with sparse=False, or use torch DDP for "
+                             "sparse gradients")
         if len({p.device.type for _, p in named}) != 1:
             raise ValueError("DataParallel's input module must be on the same type of devices, but its parameters "
                              f"are on {sorted({str(p.device) for _, p in named})}")
@@ -250,7 +256,7 @@ class DataParallel(nn.Module, Joinable):
         """
         check_comm_hook(hook)
         if self._reducer.comm_hook is not None:
-            raise RuntimeError("register_comm_hook can only be called once (as with torch DDP)")
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         if self.comm_dtype is not None:
             raise RuntimeError(f"DataParallel(comm_dtype={self.comm_dtype}) already compresses the all-reduce; "
                                "use either comm_dtype or a communication hook, not both")

@@ -18,6 +18,8 @@ UNSUPPORTED = {
 
 @dataclass
 class Settings:
+    """The resolved constructor arguments (Paddle names and torch DDP aliases merged)."""
+
     module: nn.Module
     group: object
     comm_buffer_size: float

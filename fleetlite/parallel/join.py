@@ -8,8 +8,9 @@ Note [join collectives]
     (2) one MAX all-reduce of ``[sync backward?, sync buffers?, rank]``,
     (3) the buffer broadcast from the largest rank not joined (if (2) says
     so), (4) the backward's bucket all-reduces (if (2) says so). A joined
-    rank's :meth:`_JoinHook.main_hook` mirrors (2)-(4) with zeros, so joined
-    ranks add nothing to the sums; the divisor stays the initial world size
+    rank's :meth:`DataParallelJoinHook.main_hook` mirrors (2)-(4) with zeros, so
+    joined ranks add nothing to the sums (with ``find_unused_parameters`` its
+    used map is the last one it reduced, exactly as torch DDP's); the divisor stays the initial world size
     (torch DDP's default) or, with ``divide_by_initial_world_size=False``,
     is the count from (1). After every rank joined, the model of the largest
     last-joined rank is broadcast to all (torch DDP's ``_sync_final_model``).
@@ -41,7 +42,17 @@ def announce_step(dp, sync_backward: bool, sync_buffers: bool) -> tuple[bool, bo
 
 
 class DataParallelJoinHook(JoinHook):
-    """Shadows a not-joined rank's forward and backward collectives (Note [join collectives])."""
+    """Shadows a not-joined rank's forward and backward collectives (Note [join collectives]).
+
+    Made by :meth:`DataParallel.join_hook`; torch's ``Join`` runs it on a rank that ran out of batches.
+
+    Example::
+
+        from torch.distributed.algorithms.join import Join
+        with Join([model], divide_by_initial_world_size=False):
+            for x in my_batches:                 # fewer on some ranks
+                model(x).sum().backward()
+    """
 
     def __init__(self, dp, divide_by_initial_world_size: bool = True):
         self.dp = dp

@@ -117,6 +117,7 @@ class Reducer(StepChecks):
         self._local_used = [False] * n
         self._static_counts: list[int] | None = None  # hook calls per parameter, from the first iteration
         self._static_used: list[float] | None = None
+        self._last_used: list[float] | None = None  # the used map last reduced (join: see shadow_backward)
         # per-call overhead dominates below this size: copy, then scale the whole bucket at once
         self._big = [p.numel() >= _FUSED_SCALE_NUMEL for p in self.params]
 

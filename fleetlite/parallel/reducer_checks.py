@@ -87,6 +87,7 @@ class StepChecks:
             self._check_flags(flags[:TAIL_FLAGS], self._missing)
             if track:
                 used = flags[TAIL_FLAGS:]
+                self._last_used = used
                 if self._delay:
                     self._static_used = used
                 self._leave_unused(used)
@@ -155,16 +156,29 @@ class StepChecks:
 
     # ----------------------------------------------------------------- join
     def shadow_backward(self) -> None:
-        """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order."""
+        """A joined rank's side of one synced backward: every bucket's all-reduce, with zeros, in order.
+
+        As torch DDP's joined rank, it contributes no gradient and no flag, but with
+        ``find_unused_parameters`` its used map is the last one it reduced (DDP all-reduces its
+        ``local_used_map_dev_``, which keeps the previous result): numbers equal to DDP's join.
+        """
+        last = len(self.buckets) - 1
+        tail = self.tail
+        shadow_tail = torch.zeros_like(tail) if tail is not None else None
         for b in self.buckets:
             z = torch.zeros_like(b.buffer)  # zeros: a joined rank contributes nothing (and no tail flag)
+            if b.index == last and tail is not None:
+                if self.comm_hook is None:  # Note [bucket tail]: rides on the last bucket
+                    shadow_tail = z[b.numel:]
+                if self.find_unused and self._last_used is not None:
+                    shadow_tail[TAIL_FLAGS:] = torch.tensor(self._last_used, dtype=z.dtype)
             grads = [z.as_strided(v.shape, v.stride(), v.storage_offset())
                      for v in (self.views[i] for i in b.param_indices)]
             self._communicate(b, z, grads)
-        tail = self.tail
-        self.tail = torch.zeros_like(tail) if tail is not None else None
+        self.tail = shadow_tail
         try:
             self._wait_all()
         finally:
             self.tail = tail
-
+        if self.find_unused and shadow_tail is not None:
+            self._last_used = shadow_tail[TAIL_FLAGS:].tolist()

@@ -64,6 +64,8 @@ def test_paddle_names_and_ddp_aliases_conflict_clearly():
         fleetlite.DataParallel(net, mixed_precision=object())
     with pytest.raises(TypeError, match="unexpected keyword argument 'bucket_size'"):
         fleetlite.DataParallel(net, bucket_size=3)
+    with pytest.raises(ValueError, match="sparse=True"):
+        fleetlite.DataParallel(nn.Sequential(nn.Embedding(5, 2, sparse=True), nn.Linear(2, 2)))
     m = fleetlite.DataParallel(module=net, bucket_cap_mb=5, comm_buffer_size=5, gradient_as_bucket_view=True)
     assert m.module is net and m.comm_buffer_size == 5 and m.process_group is None
 
@@ -110,26 +112,36 @@ def test_static_graph_skips_the_graph_walk_after_the_first_step(monkeypatch):
 
 
 # ---------------------------------------------------------------------- join
-def _join(rank, engine, divide, how):
+def _join(rank, engine, divide, how, kind="plain"):
+    from test_ddp_dropin import SometimesBranch
+
     torch.manual_seed(0)
-    net = MLP(3, 8)
-    m = wrap(engine, net)
+    net = SometimesBranch() if kind == "unused" else MLP(3, 8)
+    m = wrap(engine, net, find_unused_parameters=kind == "unused")
+    if kind == "fp16":
+        m.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     n = 5 if rank == 0 else 8  # uneven inputs
     ctx = m.join(divide_by_initial_world_size=divide) if how == "method" else Join(
         [m], divide_by_initial_world_size=divide)
     with ctx:
         for step in range(n):
-            m(batch(step, rank, 2, 8)).pow(2).sum().backward()
+            if kind == "unused":
+                with m.no_sync():
+                    m(batch(50 + step, rank, 2, 6), use_odd=step % 3 == rank).sum().backward()
+                m(batch(step, rank, 2, 6), use_odd=step % 2 == 0).pow(2).sum().backward()
+            else:
+                m(batch(step, rank, 2, 8)).pow(2).sum().backward()
             opt.step()
             opt.zero_grad()
     return snapshot(net)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("divide,how", [(True, "method"), (False, "Join")])
-def test_join_uneven_inputs_matches_ddp(divide, how):
-    res = run_ranks(both, args=(_join, divide, how))
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("divide,how,kind", [(True, "method", "plain"), (False, "Join", "plain"),
+                                             (True, "method", "unused"), (True, "method", "fp16")])
+def test_join_uneven_inputs_matches_ddp(divide, how, kind):
+    res = run_ranks(both, args=(_join, divide, how, kind))
     assert_parity(res, atol=1e-5)
     for k, (p, _) in res[0]["fleetlite"].items():  # the final model is synced from the last joiner
         torch.testing.assert_close(p, res[1]["fleetlite"][k][0], rtol=0, atol=0)
@@ -154,6 +166,13 @@ def test_join_throw_on_early_termination_like_ddp():
 
 
 # ---------------------------------------------------------------- comm hooks
+def _simple_hook(state, bucket):
+    """torch's test_ddp_comm_hook_future_passing_cpu: no communication, every gradient becomes 2."""
+    fut = torch.futures.Future()
+    fut.set_result(torch.ones_like(bucket.buffer()))
+    return fut.then(lambda f: f.value() + torch.ones_like(f.value()))
+
+
 def _hooked(rank, engine, hook_name):
     torch.manual_seed(0)
     net = MLP(3, 16)
@@ -162,6 +181,8 @@ def _hooked(rank, engine, hook_name):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2, random_seed=7)
         m.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook_name == "simple":
+        m.register_comm_hook(None, _simple_hook)
     else:
         m.register_comm_hook(None, getattr(default_hooks, hook_name))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -175,7 +196,8 @@ def _hooked(rank, engine, hook_name):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD"])
+@pytest.mark.parametrize("hook_name", ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD",
+                                       "simple"])
 def test_torch_comm_hooks_work_unchanged_and_match_ddp(hook_name):
     res = run_ranks(both, args=(_hooked, hook_name))
     assert_parity(res, atol=1e-6)
@@ -188,6 +210,12 @@ def test_bad_comm_hooks():
     m.register_comm_hook(None, default_hooks.allreduce_hook)
     with pytest.raises(RuntimeError, match="only be called once"):
         m.register_comm_hook(None, default_hooks.allreduce_hook)
+
+    def wrong_return(state, bucket) -> int:
+        return 0
+
+    with pytest.raises(ValueError, match="return annotation"):
+        fleetlite.DataParallel(nn.Linear(2, 2)).register_comm_hook(None, wrong_return)
     with pytest.raises(RuntimeError, match="comm_dtype"):
         fleetlite.DataParallel(nn.Linear(2, 2), comm_dtype=torch.float16).register_comm_hook(
             None, default_hooks.fp16_compress_hook)
@@ -287,3 +315,26 @@ def test_steady_state_cuda_step_defers_the_tail_read():
 
     r = Reducer([("w", nn.Parameter(torch.ones(2)))], None, 1, 25, 1, False)
     assert r.defer_checks is None  # auto: deferred when the tail lives on a CUDA device
+
+
+# ------------------------------------------------- parameters DDP is told to ignore
+def _ignored(rank, engine):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(rank)  # ignored tensors are neither broadcast nor averaged: they stay per rank
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["2.weight", "2.bias", "1.running_mean"])
+    m = wrap(engine, net)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(3):
+        m(batch(step, rank, 4, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return snapshot(net), net[1].running_mean.clone()
+
+
+@pytest.mark.timeout(120)
+def test_params_and_buffers_to_ignore_like_ddp():
+    res = run_ranks(both, args=(_ignored,))
+    assert_parity(res)
+    assert not torch.equal(res[0]["fleetlite"][0]["2.weight"][0], res[1]["fleetlite"][0]["2.weight"][0])

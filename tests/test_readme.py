@@ -79,15 +79,20 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, clean_dist_env):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(synthetic, "_DEFAULT_SIZE", {"train": 64, "test": 32})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    from fleetlite.distributed.fleet import fleet
+
     namespace = _context()
     ran = 0
-    for line, code, reason in python_blocks(README.read_text()):
-        if reason is not None:
-            continue
-        try:
-            exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
-        except Exception as e:
-            raise AssertionError(f"the README block at line {line} fails: {type(e).__name__}: {e}") from e
-        ran += 1
+    try:
+        for line, code, reason in python_blocks(README.read_text()):
+            if reason is not None:
+                continue
+            try:
+                exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
+            except Exception as e:
+                raise AssertionError(f"the README block at line {line} fails: {type(e).__name__}: {e}") from e
+            ran += 1
+    finally:
+        fleet._reset()  # the blocks call fleet.init (a sharding strategy, ...): later tests start clean
     assert ran >= 5
     assert "val_acc_top1" in namespace["history"].history  # the Trainer example's lookups hold

@@ -15,9 +15,12 @@ from .callback_base import Callback, is_rank_zero
 __all__ = ["ProgressBar", "format_logs", "epoch_label"]
 
 
-def epoch_label(epoch: int, epochs: int | None) -> str:
+def epoch_label(epoch: int, epochs: int | None, paddle: bool = False) -> str:
     """``"Epoch 3/9"``: epochs are numbered from 0 everywhere (logs, metrics.csv, checkpoint names, plots),
-    so the last of 10 is 9 (Lightning's convention)."""
+    so the last of 10 is 9 (Lightning's convention). Under ``fleetlite.Model`` (``paddle=True``) the bar
+    prints Paddle's ProgBarLogger line, ``"Epoch 4/10"`` for the same epoch, as Paddle scripts expect."""
+    if paddle:
+        return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"
     return f"Epoch {epoch}/{epochs - 1 if isinstance(epochs, int) else '?'}"
 
 
@@ -113,7 +116,7 @@ class ProgressBar(Callback):
         self._samples = 0.0
         self._world = int(self.params.get("world_size", 1))
         self._t0 = time.perf_counter()
-        self._desc = epoch_label(epoch, self.params.get("epochs"))
+        self._desc = epoch_label(epoch, self.params.get("epochs"), getattr(self.trainer, "_paddle_hapi", False))
         if self._rich_wanted():
             self._start_rich()
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ...utils.user_warning import warn_user
 from .. import collective
 from ..env import ParallelEnv, read_env
 from .amp import DTYPES, AmpHelper, DistGradScaler
@@ -222,8 +223,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if strategy.amp:
         model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
-        warnings.warn(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
-                      "the model is not sharded", stacklevel=2)
+        warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
+                  "the model is not sharded")
     if strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
     else:

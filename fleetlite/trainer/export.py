@@ -100,13 +100,14 @@ def _dynamic_batch(example_inputs) -> tuple[dict[int, Any], ...]:
 
 def export_model(model: nn.Module, path: str | os.PathLike, format: str = "safetensors",
                  example_inputs: Sequence[torch.Tensor] | None = None, config: Any = None,
-                 dynamic_batch: bool = True) -> Path:
+                 dynamic_batch: bool = True, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` to ``path`` as ``format`` (``safetensors``, ``torch.export`` or ``onnx``); returns the path.
 
     ``example_inputs``: a tuple of input tensors (any batch size above 1) for the formats that trace;
     with ``dynamic_batch`` (default) the exported program accepts any batch size. ``config`` (plain,
     JSON-able values) is written to ``<stem>.json`` and, for safetensors, into the file's metadata too.
-    The model is exported in eval mode (restored afterwards).
+    The model is exported in eval mode (restored afterwards). ``state``: the full weights to write as
+    safetensors instead of ``model.state_dict()`` (a sharded model's gathered state).
     """
     path = _check(format, Path(path), example_inputs)
     if example_inputs is not None and dynamic_batch:
@@ -116,7 +117,7 @@ def export_model(model: nn.Module, path: str | os.PathLike, format: str = "safet
     model.eval()
     try:
         if format == "safetensors":
-            _save_safetensors(model, path, config)
+            _save_safetensors(model, path, config, state)
         elif format == "torch.export":
             program = _torch_export(model, tuple(example_inputs), dynamic_batch)
             with atomic_open(path, "wb") as f:
@@ -136,14 +137,14 @@ def _torch_export(model: nn.Module, example_inputs: tuple, dynamic_batch: bool):
         return torch.export.export(model, example_inputs, dynamic_shapes=shapes)
 
 
-def _save_safetensors(model: nn.Module, path: Path, config: Any) -> None:
+def _save_safetensors(model: nn.Module, path: Path, config: Any, state: dict[str, torch.Tensor] | None = None) -> None:
     st = require("safetensors.torch", "export(format='safetensors')", "safetensors")
     meta = {"format": "pt"}
     if config is not None:
         meta["config"] = json.dumps(config, sort_keys=True, default=str)
     # own contiguous copies: channels-last weights and tied (shared) tensors are both saved as plain tensors
     tensors = {k: v.detach().cpu().clone(memory_format=torch.contiguous_format)
-               for k, v in model.state_dict().items()}
+               for k, v in (model.state_dict() if state is None else state).items()}
     tmp = temp_name(path)
     try:
         st.save_file(tensors, str(tmp), metadata=meta)
@@ -202,10 +203,20 @@ def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dyna
 
     example = tuple(example_inputs) if example_inputs is not None else (t._export_example or None)
     path = _check(format, Path(path), example)
+    full = None
+    if hasattr(t.parallel_network, "full_state_dict"):  # sharded (stage 2/3): gather the full weights first
+        if format != "safetensors":
+            raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) model is not supported: export "
+                             "format='safetensors', load it into a plain model (fleetlite.trainer.export."
+                             "load_safetensors) and export that")
+        from .state import model_state
+
+        full = model_state(t, rank0_only=True)  # collective: every rank takes part
     error = None
     if collective.get_rank() == 0:
         try:
-            export_model(t.network, path, format, example, t.config if config is None else config, dynamic_batch)
+            export_model(t.network, path, format, example, t.config if config is None else config, dynamic_batch,
+                         state=full)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
             error = e
     if collective.get_world_size() > 1:

@@ -101,15 +101,20 @@ class LearningRateMonitor(Callback):
     def _lrs(self) -> dict[str, float]:
         return learning_rates(self.trainer.optimizer) if self.trainer.optimizer is not None else {}
 
+    def on_train_batch_begin(self, step, logs=None):
+        # read before the step: a per-step scheduler may move the rate when the step ends, and the value
+        # logged is the rate this step used (the last rate of a cosine run is never used: it is 0)
+        self._used = self._lrs()
+
     def on_train_batch_end(self, step, logs=None):
         if self.logging_interval == "step" and logs is not None:
-            logs.update(self._lrs())
+            logs.update(getattr(self, "_used", None) or self._lrs())
 
     def on_epoch_end(self, epoch, logs=None):
-        # the rate at the epoch's end, before a per-epoch LRScheduler steps (this callback runs first): the
-        # rate the epoch used; read from the optimizer, so a resumed run logs what the uninterrupted one did
+        # the rate the epoch's last step used (read from the optimizer, so a resumed run logs what the
+        # uninterrupted one did); before a per-epoch LRScheduler steps (this callback runs first)
         if logs is not None:
-            logs.update(self._lrs())
+            logs.update(getattr(self, "_used", None) or self._lrs())
 
 
 class _Tracker(Callback):

@@ -175,7 +175,7 @@ class Trainer:
         if self.parallel_network is None:
             self._connector.start()
             self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
-            from .cpu_amp import warn_cpu_amp
+            from ..distributed.fleet.amp import warn_cpu_amp
 
             warn_cpu_amp(self.strategy, self.device)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)

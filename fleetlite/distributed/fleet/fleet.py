@@ -21,7 +21,7 @@ import torch.nn as nn
 from ...utils.user_warning import warn_user
 from .. import collective
 from ..env import ParallelEnv, read_env
-from .amp import DTYPES, AmpHelper, DistGradScaler
+from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .optimizer import DistributedOptimizer
 from .strategy import DistributedStrategy
 
@@ -221,6 +221,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
 
         apply_recompute(model, strategy.recompute_configs["checkpoints"])
     if strategy.amp:
+        param = next(model.parameters(), None)
+        warn_cpu_amp(strategy, param.device if param is not None else torch.device("cpu"))  # once per process
         model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "

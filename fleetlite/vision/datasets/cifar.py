@@ -156,8 +156,10 @@ def _download(root: Path) -> None:
             download_and_extract_archive(CIFAR10_URL, download_root=str(root), filename=ARCHIVE, md5=CIFAR10_MD5)
         except Exception as e:  # noqa: BLE001 - network and integrity failures all get the same advice
             raise RuntimeError(f"could not download CIFAR-10 from {CIFAR10_URL} into {root} ({type(e).__name__}: "
-                               f"{e}). Without network, fetch {ARCHIVE} elsewhere and pass data_file=PATH, or use "
-                               "fleetlite.vision.datasets.SyntheticCifar10 for offline runs") from None
+                               f"{e}). Without network, fetch {ARCHIVE} elsewhere and put it (or its extracted "
+                               f"{FOLDER} folder) in {root} (recipes: data.root=DIR), or pass "
+                               "Cifar10(data_file=PATH); for offline runs use "
+                               "fleetlite.vision.datasets.SyntheticCifar10 (recipes: data=synthetic)") from None
 
 
 @contextlib.contextmanager

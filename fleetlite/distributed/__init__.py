@@ -7,8 +7,12 @@ Example::
     print(dist.get_rank(), dist.get_world_size(), dist.ParallelEnv().device)
 """
 
+import importlib
+
+from .agreement import RankMismatchError
 from .collective import (
     CollectiveError,
+    ParallelEnv,
     ReduceOp,
     all_gather_object,
     all_reduce,
@@ -21,8 +25,7 @@ from .collective import (
     init_parallel_env,
     is_initialized,
 )
-from .env import DistEnvError, ParallelEnv, read_env
-from .faults import RankMismatchError
+from .env import DistEnvError, read_env
 from .spawn import SpawnError, spawn
 
 __all__ = [
@@ -49,8 +52,6 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name == "fleet":  # imported lazily: the facade pulls in the engine
-        import importlib
-
+    if name == "fleet":  # Paddle's path puts the facade (a higher layer: it pulls in the engine) in here: loaded on use
         return importlib.import_module(f"{__name__}.fleet")
     raise AttributeError(f"module 'fleetlite.distributed' has no attribute {name!r}")

@@ -1,8 +1,11 @@
-"""Process-group setup and the few collectives users call directly.
+"""Process-group setup, the few collectives users call directly, and ``ParallelEnv``.
 
 ``init_parallel_env`` is the one place that turns the launcher's variables
 (see :mod:`fleetlite.distributed.env`) into a ``torch.distributed`` process
 group. Everything else in fleetlite asks this module for rank and world size.
+Imports go one way inside ``fleetlite.distributed``: ``env`` <- ``faults`` <-
+``monitor`` <- ``collective`` <- ``agreement`` / ``spawn`` (an import-linter
+contract in pyproject.toml keeps it so).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import warnings
 import torch
 import torch.distributed as tdist
 
-from .env import DistEnvError, choose_backend, read_env
+from . import faults
+from .env import DEFAULT_TIMEOUT_S, DistEnvError, choose_backend, default_timeout, read_env
+from .faults import CollectiveError, register_process
+from .monitor import start_monitor, stop_monitor
 
 __all__ = [
     "init_parallel_env",
@@ -34,46 +40,20 @@ __all__ = [
     "choose_backend",
     "collective_device",
     "warn_if_cpu_model",
+    "ParallelEnv",
+    "DEFAULT_TIMEOUT_S",
 ]
 
 ReduceOp = tdist.ReduceOp
 
-#: Seconds a collective may wait for a peer before failing (env ``FLEETLITE_COLLECTIVE_TIMEOUT``).
-DEFAULT_TIMEOUT_S = 600.0
 _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
 _warned_once: set[str] = set()  # one-time notes already given (CPU model under a GPU job, gloo fallback)
 _group_timeout: datetime.timedelta | None = None  # the timeout the group was created with
 
 
-
-class CollectiveError(RuntimeError):
-    """A collective failed on this rank because a peer died or did not join it in time.
-
-    The message names the collective, this rank, the lost peer ranks and
-    what happened to them (Note [lost rank diagnosis] in
-    :mod:`fleetlite.distributed.faults`), the timeout in force and what to
-    do; ``lost`` maps each lost rank to ``"died"``, ``"raised"``,
-    ``"silent"`` or ``"unknown"``. The backend's own error is chained as
-    ``__cause__``.
-
-    Example::
-
-        try:
-            dist.all_reduce(t)
-        except CollectiveError as e:
-            print("lost ranks:", sorted(e.lost))
-    """
-
-    def __init__(self, message: str, lost: dict[int, str] | None = None):
-        super().__init__(message)
-        self.lost = lost
-
-
 def _collective(name: str, fn, *args, **kwargs):
     """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError` naming it."""
-    from . import faults
-
     try:
         return fn(*args, **kwargs)
     except RuntimeError as e:
@@ -82,22 +62,6 @@ def _collective(name: str, fn, *args, **kwargs):
             raise
         seconds = (_group_timeout or default_timeout()).total_seconds()
         raise faults.peer_lost_error(name, e, seconds) from e
-
-
-def default_timeout() -> datetime.timedelta:
-    """The collective timeout: ``FLEETLITE_COLLECTIVE_TIMEOUT`` seconds, else 600 s."""
-    raw = os.environ.get("FLEETLITE_COLLECTIVE_TIMEOUT", "").strip()
-    if not raw:
-        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise DistEnvError(
-            f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds; set e.g. 600"
-        ) from None
-    if seconds <= 0:
-        raise DistEnvError(f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} must be positive (seconds)")
-    return datetime.timedelta(seconds=seconds)
 
 
 def _resolve_backend(backend: str) -> str:
@@ -157,8 +121,6 @@ def warn_if_cpu_model(module: torch.nn.Module) -> None:
     param = next(iter(module.parameters()), None)
     if param is None or param.device.type != "cpu":
         return
-    from .env import ParallelEnv
-
     _warn_once("cpu-model", f"fleetlite: the model is on the CPU but this rank's device is {ParallelEnv().device}: "
                             "it trains correctly (over gloo) but slowly; move it with "
                             "model.to(ParallelEnv().device) to use the GPU", stacklevel=4)
@@ -230,8 +192,6 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         _warn_once("gloo-fallback", note)
     kwargs = {}
     if gpus:  # every rank works on its own GPU (ParallelEnv().device, the one source), whatever the backend
-        from .env import ParallelEnv
-
         device = ParallelEnv().device
         torch.cuda.set_device(device)
         if "nccl" in resolved:
@@ -248,9 +208,6 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     # Note [gloo exit race]
     atexit.register(_destroy_at_exit)
     _group_timeout = td
-    from .faults import register_process
-    from .monitor import start_monitor
-
     register_process(td.total_seconds())  # Note [lost rank diagnosis]
     start_monitor("nccl" in resolved, td.total_seconds())  # Note [peer monitor]
     return tdist.group.WORLD
@@ -292,8 +249,6 @@ def _destroy_at_exit() -> None:
     """
     try:
         if tdist.is_initialized():
-            from .monitor import stop_monitor
-
             stop_monitor()
             if "gloo" in str(tdist.get_backend_config()):
                 time.sleep(0.05)
@@ -332,8 +287,6 @@ def destroy_process_group() -> None:
     """Tear down the process group if one exists."""
     global _group_timeout
     if is_initialized():
-        from .monitor import stop_monitor
-
         stop_monitor()
         tdist.destroy_process_group()
     _group_timeout = None
@@ -362,3 +315,62 @@ def all_gather_object(obj, group=None) -> list:
     out = [None] * tdist.get_world_size(group)
     _collective("all_gather_object", tdist.all_gather_object, out, obj, group=group)
     return out
+
+
+class ParallelEnv:
+    """Paddle's ``ParallelEnv``: the rank, world size and device of this process.
+
+    Values come from the initialised process group when there is one, else
+    from the launcher's variables.
+
+    >>> env = ParallelEnv()
+    >>> env.rank, env.world_size, env.nranks
+    (0, 1, 1)
+    """
+
+    def __init__(self) -> None:
+        self._env = read_env()
+
+    @property
+    def rank(self) -> int:
+        return get_rank() if is_initialized() else self._env.rank
+
+    @property
+    def world_size(self) -> int:
+        return get_world_size() if is_initialized() else self._env.world_size
+
+    nranks = world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._env.local_rank
+
+    @property
+    def device_id(self) -> int:
+        if self._env.selected_gpus:
+            return self._env.selected_gpus[0]
+        return self._env.local_rank
+
+    dev_id = device_id
+
+    @property
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.device_id % max(torch.cuda.device_count(), 1))
+        return torch.device("cpu")
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def trainer_endpoints(self) -> list[str]:
+        return list(self._env.trainer_endpoints) or [self._env.current_endpoint]
+
+    @property
+    def current_endpoint(self) -> str:
+        return self._env.current_endpoint
+
+    def __repr__(self) -> str:
+        return (f"ParallelEnv(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
+                f"device={self.device})")

@@ -6,18 +6,23 @@ Two conventions are understood:
   ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_WORLD_SIZE``);
 * Paddle's launcher, used when the torchrun variables are absent:
   ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS``,
-  ``PADDLE_CURRENT_ENDPOINT``, ``FLAGS_selected_gpus``.
+  ``PADDLE_CURRENT_ENDPOINT``, ``FLAGS_selected_gpus``;
 
-Nothing here touches torch.distributed: this module only parses and checks.
+and fleetlite's own ``FLEETLITE_COLLECTIVE_TIMEOUT``. Nothing here touches
+torch.distributed: this module only parses and checks (the bottom of
+``fleetlite.distributed``; :class:`~fleetlite.distributed.ParallelEnv`, which
+also asks the process group, lives beside it in ``collective``).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["DistEnvError", "DistEnv", "read_env", "ParallelEnv", "choose_backend", "PER_DEVICE_BACKEND"]
+__all__ = ["DistEnvError", "DistEnv", "read_env", "choose_backend", "PER_DEVICE_BACKEND", "default_timeout",
+           "DEFAULT_TIMEOUT_S"]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 PADDLE_VARS = (
@@ -261,66 +266,21 @@ def choose_backend(requested: str, gpu_count: int, local_world_size: int) -> tup
     return PER_DEVICE_BACKEND, None
 
 
-class ParallelEnv:
-    """Paddle's ``ParallelEnv``: the rank, world size and device of this process.
+#: Seconds a collective may wait for a peer before failing (env ``FLEETLITE_COLLECTIVE_TIMEOUT``).
+DEFAULT_TIMEOUT_S = 600.0
 
-    Values come from the initialised process group when there is one, else
-    from the launcher's variables.
 
-    >>> env = ParallelEnv()
-    >>> env.rank, env.world_size, env.nranks
-    (0, 1, 1)
-    """
-
-    def __init__(self) -> None:
-        self._env = read_env()
-
-    @property
-    def rank(self) -> int:
-        from . import collective
-
-        return collective.get_rank() if collective.is_initialized() else self._env.rank
-
-    @property
-    def world_size(self) -> int:
-        from . import collective
-
-        return collective.get_world_size() if collective.is_initialized() else self._env.world_size
-
-    nranks = world_size
-
-    @property
-    def local_rank(self) -> int:
-        return self._env.local_rank
-
-    @property
-    def device_id(self) -> int:
-        if self._env.selected_gpus:
-            return self._env.selected_gpus[0]
-        return self._env.local_rank
-
-    dev_id = device_id
-
-    @property
-    def device(self):
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.device("cuda", self.device_id % max(torch.cuda.device_count(), 1))
-        return torch.device("cpu")
-
-    @property
-    def device_type(self) -> str:
-        return self.device.type
-
-    @property
-    def trainer_endpoints(self) -> list[str]:
-        return list(self._env.trainer_endpoints) or [self._env.current_endpoint]
-
-    @property
-    def current_endpoint(self) -> str:
-        return self._env.current_endpoint
-
-    def __repr__(self) -> str:
-        return (f"ParallelEnv(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
-                f"device={self.device})")
+def default_timeout() -> datetime.timedelta:
+    """The collective timeout: ``FLEETLITE_COLLECTIVE_TIMEOUT`` seconds, else 600 s."""
+    raw = os.environ.get("FLEETLITE_COLLECTIVE_TIMEOUT", "").strip()
+    if not raw:
+        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise DistEnvError(
+            f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds; set e.g. 600"
+        ) from None
+    if seconds <= 0:
+        raise DistEnvError(f"FLEETLITE_COLLECTIVE_TIMEOUT={raw!r} must be positive (seconds)")
+    return datetime.timedelta(seconds=seconds)

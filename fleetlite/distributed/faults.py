@@ -1,4 +1,4 @@
-"""Rank failures: which rank is lost when a collective fails, and agreement checks across ranks.
+"""Rank failures: which rank is lost when a collective fails (:class:`CollectiveError` and its diagnosis).
 
 # Note [lost rank diagnosis]
 gloo and NCCL report a dead peer as "connection closed/reset" (at once: the
@@ -33,10 +33,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .collective import CollectiveError
+import torch.distributed as tdist
 
-__all__ = ["RankMismatchError", "is_peer_failure", "register_process", "record_rank_error",
-           "diagnose_peers", "peer_lost_error", "peer_failures", "check_same_across_ranks", "differences"]
+from .env import default_timeout
+
+__all__ = ["CollectiveError", "is_peer_failure", "register_process", "record_rank_error",
+           "diagnose_peers", "peer_lost_error", "peer_failures"]
 
 #: Seconds a failed rank waits for its peers to check in before calling them silent.
 GRACE_S = 2.0
@@ -51,13 +53,27 @@ _prefix: str | None = None
 _generation = 0
 
 
-class RankMismatchError(ValueError):
-    """Ranks disagree on something that must be identical (config, model); the message lists the differences.
+class CollectiveError(RuntimeError):
+    """A collective failed on this rank because a peer died or did not join it in time.
+
+    The message names the collective, this rank, the lost peer ranks and
+    what happened to them (Note [lost rank diagnosis] in
+    :mod:`fleetlite.distributed.faults`), the timeout in force and what to
+    do; ``lost`` maps each lost rank to ``"died"``, ``"raised"``,
+    ``"silent"`` or ``"unknown"``. The backend's own error is chained as
+    ``__cause__``.
 
     Example::
 
-        check_same_across_ranks("the recipe config", {"lr": 0.1})   # raises on every rank if a rank differs
+        try:
+            dist.all_reduce(t)
+        except CollectiveError as e:
+            print("lost ranks:", sorted(e.lost))
     """
+
+    def __init__(self, message: str, lost: dict[int, str] | None = None):
+        super().__init__(message)
+        self.lost = lost
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -71,8 +87,6 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 
 def _store():
-    import torch.distributed as tdist
-
     if not (tdist.is_available() and tdist.is_initialized()):
         return None
     try:
@@ -108,8 +122,6 @@ def _bounded(fn, seconds: float = _STORE_CALL_S) -> Any:
 
 def register_process(timeout: float = 60.0) -> None:
     """Publish this rank's host and pid and learn every peer's (collective; done by ``init_parallel_env``)."""
-    import torch.distributed as tdist
-
     global _prefix, _generation
     store = _store()
     if store is None:
@@ -134,8 +146,6 @@ def record_rank_error(exc: BaseException) -> None:
     store = _store()
     if store is None or _prefix is None or is_peer_failure(exc):
         return
-    import torch.distributed as tdist
-
     text = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
     try:
         _bounded(lambda: store.set(f"{_prefix}error/{tdist.get_rank()}", text), 0.5)
@@ -165,8 +175,6 @@ def diagnose_peers(grace: float = GRACE_S) -> tuple[dict[int, tuple[str, str]], 
     Returns ``({rank: (kind, text)}, store_problem)`` with kind ``"raised"``,
     ``"died"``, ``"survivor"`` or ``"silent"`` and text a phrase for messages.
     """
-    import torch.distributed as tdist
-
     me, world = tdist.get_rank(), tdist.get_world_size()
     store, host = _store(), socket.gethostname()
     store_problem = None
@@ -215,8 +223,6 @@ def diagnose_peers(grace: float = GRACE_S) -> tuple[dict[int, tuple[str, str]], 
 
 def peer_lost_error(where: str, exc: BaseException, timeout_s: float | None = None) -> CollectiveError:
     """A :class:`CollectiveError` for ``exc`` raised in ``where``, naming the lost ranks (``.lost``)."""
-    import torch.distributed as tdist
-
     if _monitor_error is not None:  # the monitor aborted the group: same message (Note [peer monitor], monitor.py)
         return CollectiveError(str(_monitor_error), dict(_monitor_error.lost or {}))
     me, world = tdist.get_rank(), tdist.get_world_size()
@@ -253,56 +259,6 @@ def peer_failures(where: str) -> Iterator[None]:
         if _store() is None or getattr(e, "lost", None) is not None:
             raise
         if is_peer_failure(e):
-            from .collective import default_timeout
-
             raise peer_lost_error(where, e, default_timeout().total_seconds()) from e
         record_rank_error(e)
         raise
-
-
-# -- agreement -------------------------------------------------------------------------------------------------
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out or {prefix.rstrip("."): {}}
-    if isinstance(value, (list, tuple)) and value and any(isinstance(v, (dict, list, tuple)) for v in value):
-        out = {}
-        for i, v in enumerate(value):
-            out.update(_flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): value}
-
-
-_ABSENT = "<absent>"
-
-
-def differences(reference: Any, other: Any) -> list[tuple[str, Any, Any]]:
-    """``(key, reference value, other value)`` for each dotted key whose value differs (absent keys included)."""
-    a, b = _flatten(reference), _flatten(other)
-    keys = list(a) + [k for k in b if k not in a]
-    return [(k, a.get(k, _ABSENT), b.get(k, _ABSENT)) for k in keys if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
-
-
-def check_same_across_ranks(what: str, value: Any, hint: str = "", limit: int = 8) -> None:
-    """Raise :class:`RankMismatchError` on every rank when some rank's ``value`` differs from rank 0's.
-
-    Collective (one ``all_gather_object``); a no-op without a process group.
-    ``value`` is plain data (dicts, lists, numbers, strings); the message
-    lists up to ``limit`` differing keys with each rank's value.
-    """
-    from .collective import all_gather_object, is_initialized
-
-    if not is_initialized():
-        return
-    everyone = all_gather_object(value)
-    lines = []
-    for rank, theirs in enumerate(everyone[1:], start=1):
-        for key, ref, got in differences(everyone[0], theirs):
-            lines.append(f"{key or '<value>'}: rank 0 has {ref!r}, rank {rank} has {got!r}")
-    if lines:
-        shown = "; ".join(lines[:limit]) + (f"; and {len(lines) - limit} more" if len(lines) > limit else "")
-        raise RankMismatchError(f"{what} differs across ranks ({shown}). Every rank must use the same {what}"
-                                f"{'; ' + hint if hint else ''}.")
-

@@ -42,6 +42,12 @@ import tempfile
 import time
 from collections.abc import MutableMapping
 
+from torch.distributed import run as trun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from . import _bootstrap
+
 __all__ = ["main", "split_paddle_options", "resolve_argv"]
 
 _PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
@@ -98,8 +104,6 @@ def split_paddle_options(argv: list[str]) -> tuple[list[str], str | None]:
 
 def _takes_value(option: str) -> bool:
     """Whether torchrun's ``option`` (or an abbreviation argparse accepts) is followed by a value."""
-    from torch.distributed import run as trun
-
     parser = trun.get_args_parser()
     actions = parser._actions  # argparse has no public lookup by option string
     exact = [a for a in actions if option in a.option_strings]
@@ -171,16 +175,11 @@ def _launcher_options(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _bootstrap_path() -> str:
-    from . import _bootstrap
-
     return _bootstrap.__file__
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse torchrun's arguments, add the bootstrap, and run the workers; returns the exit status."""
-    from torch.distributed import run as trun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     argv = resolve_argv(list(sys.argv[1:] if argv is None else argv))
     args = trun.parse_args(argv)
     if not args.training_script:
@@ -195,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
                                      *args.training_script_args]
         args.training_script = _bootstrap_path()
         args.module = False
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
     loud = verbose()
     saved = {k: os.environ.get(k) for k in (LAUNCH_TIME_VAR, LOG_VAR, "OMP_NUM_THREADS")}
     # one launch time for every worker and every restart (see the module doc); restored for in-process callers
@@ -295,8 +292,6 @@ def _reap(pid: int) -> bool:
 
 def _quiet_torchrun(args) -> None:
     """No OMP_NUM_THREADS banner (set the value torchrun would, silently) and no agent log lines."""
-    from torch.distributed import run as trun
-
     if "OMP_NUM_THREADS" not in os.environ:
         try:
             several = trun.determine_local_world_size(args.nproc_per_node) > 1

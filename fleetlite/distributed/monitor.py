@@ -19,8 +19,10 @@ import os
 import socket
 import threading
 
+import torch.distributed as tdist
+
 from . import faults
-from .collective import CollectiveError
+from .faults import CollectiveError
 
 __all__ = ["PeerMonitor", "start_monitor", "stop_monitor", "MONITOR_INTERVAL_S"]
 
@@ -72,8 +74,6 @@ class PeerMonitor(threading.Thread):
 
     def lost_peers(self) -> dict[int, str]:
         """``{rank: "raised" | "died"}`` for peers that recorded an error or whose process on this host is gone."""
-        import torch.distributed as tdist
-
         store, prefix = faults._store(), faults._prefix
         if store is None or prefix is None:
             return {}
@@ -92,8 +92,6 @@ class PeerMonitor(threading.Thread):
 
 
 def _abort_group() -> None:
-    import torch.distributed as tdist
-
     if tdist.is_initialized():
         tdist.group.WORLD.abort()
 
@@ -119,8 +117,6 @@ def stop_monitor(clean: bool = True) -> None:
         _monitor = None
     store, prefix = faults._store(), faults._prefix
     if clean and store is not None and prefix is not None:
-        import torch.distributed as tdist
-
         try:
             faults._bounded(lambda: store.set(f"{prefix}done/{tdist.get_rank()}", "1"), 0.5)
         except Exception:  # noqa: BLE001 - shutting down anyway

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import torch
 import torch.multiprocessing as mp
 
-from .env import trainer_endpoint
+from .collective import _resolve_backend
+from .env import read_env, trainer_endpoint
 
 __all__ = ["spawn", "SpawnError", "find_free_port"]
 
@@ -90,8 +91,6 @@ def _child_environment(extra: dict[str, str]) -> Iterator[None]:
 
 
 def _refuse_inside_a_job() -> None:
-    from .env import read_env
-
     try:
         env = read_env()
     except ValueError:  # malformed launcher variables: the children do not inherit them anyway
@@ -122,8 +121,6 @@ def _paddle_options(options: dict, nprocs: int) -> tuple[int, dict[str, str]]:
     extra: dict[str, str] = {}
     backend = options.get("backend")
     if backend is not None:
-        from .collective import _resolve_backend
-
         _resolve_backend(backend)  # unknown backend / NCCL without CUDA: fail before any process starts
         extra["PADDLE_DISTRI_BACKEND"] = backend.lower()
     ips = options.get("ips")

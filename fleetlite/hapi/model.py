@@ -29,8 +29,7 @@ def prepare_distributed_context(place: Any = None) -> Any:
 
     Returns the ``ParallelEnv`` (single process: nothing is started).
     """
-    from ..distributed import collective
-    from ..distributed.env import ParallelEnv
+    from ..distributed import ParallelEnv, collective
 
     env = ParallelEnv()
     if env.nranks > 1 and not collective.is_initialized():

@@ -222,7 +222,7 @@ def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
     """With ``strategy.recompute``, every name in ``recompute_configs.checkpoints`` must be a submodule."""
     if not cfg.recompute:
         return
-    from fleetlite.distributed.fleet.checkpointing import resolve_checkpoints
+    from fleetlite.distributed.fleet.recompute import resolve_checkpoints
 
     try:
         resolve_checkpoints(model, list(cfg.recompute_configs.checkpoints))

@@ -199,7 +199,7 @@ def _check_same_config(cfgs) -> None:
     """Fail (exit 2, one line showing the differences) when the ranks composed different configs."""
     from omegaconf import OmegaConf
 
-    from fleetlite.distributed.faults import RankMismatchError, check_same_across_ranks
+    from fleetlite.distributed.agreement import RankMismatchError, check_same_across_ranks
 
     plain = []
     for c in cfgs:

@@ -348,7 +348,7 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def _rank_cuda_device() -> torch.device:
-    from ..distributed.env import ParallelEnv
+    from ..distributed import ParallelEnv
 
     return ParallelEnv().device
 

@@ -61,7 +61,7 @@ def plain_config(config: Any) -> Any:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
     if device is None or device == "auto":
-        from ..distributed.env import ParallelEnv
+        from ..distributed import ParallelEnv
 
         return torch.device(ParallelEnv().device)
     try:
@@ -112,7 +112,7 @@ def _eager_recompute(network: nn.Module) -> None:
     statistics exact; ``_compiled_call_impl`` is where ``nn.Module.compile`` puts its compiled call, here
     the eager call behind ``torch.compiler.disable``.
     """
-    from ..distributed.fleet.checkpointing import is_recomputed
+    from ..distributed.fleet.recompute import is_recomputed
 
     for m in network.modules():
         if m is not network and is_recomputed(m):
@@ -176,7 +176,7 @@ class Connector:
             fleet.init(is_collective=True, strategy=run)
         _trainer_set_strategy["dict"] = run.to_dict()
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
-            from ..distributed.env import ParallelEnv
+            from ..distributed import ParallelEnv
 
             self.device = ParallelEnv().device
         self._started = True
@@ -196,8 +196,8 @@ class Connector:
     def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
         from ..distributed import fleet
-        from ..distributed.sharding.model import ShardedDataParallel
         from ..parallel import DataParallel
+        from ..parallel.sharded import ShardedDataParallel
 
         self.start()
         if isinstance(network, (DataParallel, ShardedDataParallel)):
@@ -233,7 +233,7 @@ class Connector:
         """Fail on every rank, showing the differences, when the ranks' configs differ (collective when given)."""
         if config is None or self.world_size == 1:
             return
-        from ..distributed.faults import check_same_across_ranks
+        from ..distributed.agreement import check_same_across_ranks
 
         check_same_across_ranks("Trainer config", config, hint="build it from the same settings on every rank")
 

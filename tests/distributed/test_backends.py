@@ -11,9 +11,9 @@ import torch
 import torch.distributed as tdist
 
 import fleetlite.distributed as dist
-from fleetlite.distributed import collective
+from fleetlite.distributed import ParallelEnv, collective
 from fleetlite.distributed.collective import collective_device
-from fleetlite.distributed.env import PER_DEVICE_BACKEND, DistEnvError, ParallelEnv, choose_backend
+from fleetlite.distributed.env import PER_DEVICE_BACKEND, DistEnvError, choose_backend
 from fleetlite.testing import run_ranks
 
 

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as tdist
 
 import fleetlite.distributed as dist
-from fleetlite.distributed import collective
-from fleetlite.distributed.env import DistEnvError, ParallelEnv, read_env
+from fleetlite.distributed import ParallelEnv, collective
+from fleetlite.distributed.env import DistEnvError, read_env
 from fleetlite.testing import free_port, run_ranks
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

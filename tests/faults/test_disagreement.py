@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from faults_helpers import RECIPE_ARGS, WRAPPER, fit_with_own_config, fit_with_own_width, launch_env
 
-from fleetlite.distributed.faults import differences
+from fleetlite.distributed.agreement import differences
 from fleetlite.testing import run_launch, run_ranks
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fleetlite.distributed.env import ParallelEnv
+from fleetlite.distributed import ParallelEnv
 from fleetlite.recipe.build import apply_speed_flags, resolve_device
 from fleetlite.trainer.connector import Connector
 

@@ -23,7 +23,6 @@ Example::
 
 from . import amp
 from .amp import AmpHelper, DistGradScaler
-from .checkpointing import recompute
 from .fleet import (
     PaddleCloudRoleMaker,
     barrier_worker,
@@ -40,6 +39,7 @@ from .fleet import (
     worker_num,
 )
 from .optimizer import DistributedOptimizer
+from .recompute import recompute
 from .strategy import DistributedStrategy
 
 __all__ = [

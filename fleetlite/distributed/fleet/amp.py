@@ -29,6 +29,10 @@ import torch.distributed as tdist
 from torch.amp.grad_scaler import OptState
 
 from ...parallel.comm import group_size
+from ...utils.user_warning import warn_once
+from ..collective import ParallelEnv, collective_device
+from .context import get_strategy
+from .strategy import DistributedStrategy
 
 __all__ = ["DistGradScaler", "AmpHelper", "from_strategy", "DTYPES", "warn_cpu_amp", "CPU_AMP_NOTE"]
 
@@ -78,8 +82,6 @@ class DistGradScaler(torch.amp.GradScaler):
             if found else None
         if not found or group_size(self._group) == 1:
             return
-        from ..collective import collective_device
-
         first = next(iter(found.values()))
         device = collective_device(first.device, self._group)  # by the flag's device (Note [per-device backends])
         flag = torch.zeros(1, device=device)
@@ -211,8 +213,6 @@ class AmpHelper:
                       group=None) -> AmpHelper:
         """Map ``strategy.amp``/``amp_configs`` to autocast and a :class:`DistGradScaler` on ``device``
         (a device, or a model whose parameters' device is used; default: this rank's device)."""
-        from .strategy import DistributedStrategy
-
         strategy = strategy if strategy is not None else DistributedStrategy()
         device = _device_of(device)
         cfg = strategy.amp_configs
@@ -302,8 +302,6 @@ def _device_of(device: str | torch.device | torch.nn.Module | None) -> torch.dev
         param = next(iter(device.parameters()), None)
         device = None if param is None else param.device
     if device is None:
-        from ..env import ParallelEnv
-
         return ParallelEnv().device
     return torch.device(device)
 
@@ -322,9 +320,7 @@ def from_strategy(strategy=None, device: str | torch.device | torch.nn.Module | 
                   group=None) -> AmpHelper:
     """:meth:`AmpHelper.from_strategy`; with ``strategy=None`` the one kept by ``fleet.init`` is used."""
     if strategy is None:
-        from . import fleet as _fleet
-
-        strategy = _fleet.get_strategy()
+        strategy = get_strategy()
     return AmpHelper.from_strategy(strategy, device, group)
 
 
@@ -336,7 +332,5 @@ CPU_AMP_NOTE = ("bfloat16 autocast on a CPU without fast bf16 kernels is usually
 def warn_cpu_amp(strategy: Any, device: torch.device) -> None:
     """Warn once per process when the strategy turns AMP on for a CPU device (see ``CPU_AMP_NOTE``)."""
     if strategy is not None and getattr(strategy, "amp", False) and device.type == "cpu":
-        from ...utils.user_warning import warn_once
-
         warn_once("cpu-amp", f"fleetlite: strategy.amp is on with a CPU device; {CPU_AMP_NOTE}. Use amp on GPUs, "
                              "or set strategy.amp=False (recipes: drop strategy=amp_bf16) unless you measured a gain")

@@ -11,18 +11,24 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ...nn import SyncBatchNorm
+from ...parallel import DataParallel
+from ...parallel.sharded import ShardedDataParallel
 from ...utils.user_warning import warn_user
 from .. import collective
-from ..env import ParallelEnv, read_env
+from ..collective import ParallelEnv
+from ..env import read_env
+from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
+from .context import get_strategy
 from .optimizer import DistributedOptimizer
+from .recompute import apply_recompute, resolve_checkpoints
 from .strategy import DistributedStrategy
 
 __all__ = [
@@ -41,15 +47,7 @@ _MODEL_FIELDS = ("find_unused_parameters", "fuse_all_reduce_ops", "fuse_grad_siz
                  "fp16_allreduce_configs", "sharding", "sharding_configs")
 
 
-class _State:
-    def __init__(self) -> None:
-        self.strategy: DistributedStrategy | None = None
-        self.role_maker: PaddleCloudRoleMaker | None = None
-        self.models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        self.optimizers: weakref.WeakSet[DistributedOptimizer] = weakref.WeakSet()
-
-
-_state = _State()
+_state = context.state  # what init keeps (context.py, shared with amp.from_strategy)
 
 
 class PaddleCloudRoleMaker:
@@ -144,11 +142,6 @@ def _require_init(what: str) -> DistributedStrategy:
     return _state.strategy
 
 
-def get_strategy() -> DistributedStrategy:
-    """A copy of the strategy kept by :func:`init` (the defaults before ``init``)."""
-    return copy.deepcopy(_state.strategy) if _state.strategy is not None else DistributedStrategy()
-
-
 def _first_device(module: nn.Module) -> torch.device:
     for p in module.parameters():
         return p.device
@@ -200,25 +193,16 @@ def distributed_model(model: nn.Module) -> nn.Module:
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())
-    from ...parallel import DataParallel
-    from ..sharding.model import ShardedDataParallel
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"distributed_model needs a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
     if strategy.recompute:  # validate the names before changing anything
-        from .checkpointing import resolve_checkpoints
-
         resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
     if strategy.sync_batch_norm:
-        from ...nn import SyncBatchNorm
-
         model = SyncBatchNorm.convert_sync_batchnorm(model)
     if strategy.recompute:
-        from .checkpointing import apply_recompute
-
         apply_recompute(model, strategy.recompute_configs["checkpoints"])
     if strategy.amp:
         param = next(model.parameters(), None)
@@ -242,8 +226,6 @@ def distributed_model(model: nn.Module) -> nn.Module:
 
 def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
     """Stage 2/3: FSDP2 over the sharding degree's mesh; amp's dtype is the parameter (compute) dtype."""
-    from ..sharding.model import ShardedDataParallel
-
     cfg = strategy.sharding_configs
     param_dtype = DTYPES[strategy.amp_configs["dtype"]] if strategy.amp else None
     reduce_dtype = DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else (
@@ -254,8 +236,6 @@ def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
 
 
 def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
-    from ...parallel import DataParallel
-
     fused = strategy.fuse_all_reduce_ops
     dp = DataParallel(
         model,
@@ -353,5 +333,4 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 
 def _reset() -> None:
     """Forget the strategy, models and optimizers (tests)."""
-    global _state
-    _state = _State()
+    context.reset()

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 from torch import nn
+
+from ...trainer.checkpoint import save_checkpoint
+from ..fleet import context as fleet_context
+from ..fleet import fleet as fleet_mod
 
 __all__ = ["group_sharded_parallel", "save_group_sharded_model"]
 
@@ -37,8 +42,6 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
         ...
         save_group_sharded_model(model, "out/", optimizer=opt)
     """
-    from ..fleet import fleet as fleet_mod
-
     if level not in _LEVELS:
         raise ValueError(f"level={level!r} must be one of 'os' (optimizer state), 'os_g' (+ gradients) or 'p_g_os' "
                          "(+ parameters)")
@@ -53,7 +56,7 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
     strategy.sharding_configs = {"stage": _LEVELS[level], "offload": bool(offload), "wrap": list(wrap or []),
                                  "sharding_degree": -1 if sharding_degree is None else int(sharding_degree)}
     if fleet_mod.is_initialized():
-        fleet_mod._state.strategy = strategy
+        fleet_context.state.strategy = strategy
     else:
         fleet_mod.init(is_collective=True, strategy=strategy)
     model = fleet_mod.distributed_model(model)
@@ -67,10 +70,6 @@ def save_group_sharded_model(model: nn.Module, output: str | os.PathLike, optimi
     """Save the full (unsharded) weights to ``output/model.pdmodel`` and, with ``optimizer``, its full state to
     ``output/model.pdopt`` (Paddle's file names; ``torch.save`` files). Collective: every rank calls it, rank 0
     writes, atomically."""
-    import torch.distributed as tdist
-
-    from ...trainer.checkpoint import save_checkpoint
-
     output = Path(output)
     if output.suffix:
         raise ValueError(f"save_group_sharded_model(output={str(output)!r}) takes a directory, not a file name")

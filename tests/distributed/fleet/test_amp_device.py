@@ -4,7 +4,7 @@ host read per fp16 step (counted on the CPU; tests/gpu/ checks it with torch.cud
 import pytest
 import torch
 
-from fleetlite.distributed.env import ParallelEnv
+from fleetlite.distributed import ParallelEnv
 from fleetlite.distributed.fleet import AmpHelper, DistGradScaler, DistributedStrategy
 from fleetlite.testing import run_ranks
 

@@ -10,7 +10,7 @@ from fleet_models import Net, batch, fresh_fleet, max_diff, params_of
 import fleetlite
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedStrategy
-from fleetlite.distributed.fleet.checkpointing import apply_recompute, is_recomputed, recompute, remove_recompute
+from fleetlite.distributed.fleet.recompute import apply_recompute, is_recomputed, recompute, remove_recompute
 from fleetlite.testing import run_ranks
 
 

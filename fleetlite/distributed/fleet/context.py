@@ -1,0 +1,52 @@
+"""What ``fleet.init`` keeps: the strategy, the role maker, and the models and optimizers wrapped since.
+
+One object for the process, written by :mod:`.fleet` (``init``,
+``distributed_model``, ``distributed_optimizer``) and read by the modules
+beside it (``amp.from_strategy`` with no strategy uses the kept one), so
+they need not import the facade that imports them.
+
+Example::
+
+    from fleetlite.distributed.fleet.context import get_strategy
+    strategy = get_strategy()   # a copy: the defaults before fleet.init
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from typing import Any
+
+from .strategy import DistributedStrategy
+
+__all__ = ["FleetState", "state", "get_strategy", "reset"]
+
+
+class FleetState:
+    """The strategy ``fleet.init`` kept (None before), its role maker, and the wrapped models and optimizers.
+
+    Example::
+
+        from fleetlite.distributed.fleet.context import state
+        state.strategy is None   # True before fleet.init
+    """
+
+    def __init__(self) -> None:
+        self.strategy: DistributedStrategy | None = None
+        self.role_maker: Any = None  # a fleet.PaddleCloudRoleMaker
+        self.models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # fleet.DistributedOptimizer objects
+
+
+#: The one state of this process (never replaced: :func:`reset` clears it in place).
+state = FleetState()
+
+
+def get_strategy() -> DistributedStrategy:
+    """A copy of the strategy kept by ``fleet.init`` (the defaults before ``init``)."""
+    return copy.deepcopy(state.strategy) if state.strategy is not None else DistributedStrategy()
+
+
+def reset() -> None:
+    """Forget the strategy, models and optimizers (tests)."""
+    state.__init__()

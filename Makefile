@@ -18,6 +18,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # The GPU suite (tests/gpu/, marker `gpu`): skipped without CUDA, one command on a GPU machine.

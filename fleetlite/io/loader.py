@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..vision.transforms import CIFAR10_MEAN, CIFAR10_STD, PAD_MODES, crop_flip, normalize, normalize_params
+from .image_ops import PAD_MODES, crop_flip, normalize, normalize_params
 from .sampler import DistributedBatchSampler
 
 __all__ = ["TensorLoader"]
@@ -38,7 +38,9 @@ class TensorLoader:
             :class:`~fleetlite.io.DistributedBatchSampler` (``.batch_sampler``).
         augment: random crop (``padding`` pixels, ``pad_mode``) and horizontal
             flip per sample; turn off for evaluation.
-        mean, std: per-channel normalisation (in [0, 1] units).
+        mean, std: per-channel normalisation (in [0, 1] units); default none (mean 0, std 1: the
+            pixels scaled to [0, 1], as torchvision's ``ToTensor``). CIFAR-10's are
+            ``fleetlite.vision.transforms.CIFAR10_MEAN`` / ``CIFAR10_STD``.
         channels_last: return images in channels_last memory format.
         device: where images live and batches are made (default: the images' device).
         pad_mode: ``"zeros"`` (torchvision's ``RandomCrop(padding=4)``),
@@ -49,8 +51,9 @@ class TensorLoader:
 
         from fleetlite.io import TensorLoader
         from fleetlite.vision.datasets import SyntheticCifar10
+        from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
         x, y = SyntheticCifar10(size=1000).as_tensors()
-        loader = TensorLoader(x, y, batch_size=256, num_replicas=1, rank=0)
+        loader = TensorLoader(x, y, batch_size=256, num_replicas=1, rank=0, mean=CIFAR10_MEAN, std=CIFAR10_STD)
         for epoch in range(2):
             loader.set_epoch(epoch)
             for images, labels in loader:   # float32 (256, 3, 32, 32), int64 (256,)
@@ -58,8 +61,8 @@ class TensorLoader:
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool = True,
-                 drop_last: bool = False, augment: bool = True, mean: Sequence[float] = CIFAR10_MEAN,
-                 std: Sequence[float] = CIFAR10_STD, channels_last: bool = False,
+                 drop_last: bool = False, augment: bool = True, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, channels_last: bool = False,
                  device: torch.device | str | None = None, seed: int = 0, num_replicas: int | None = None,
                  rank: int | None = None, pad_mode: str = "zeros", padding: int = 4):
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
@@ -73,6 +76,8 @@ class TensorLoader:
         if labels.shape[0] != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {labels.shape[0]} labels: they must pair up")
         c = images.shape[1]
+        mean = (0.0,) * c if mean is None else mean
+        std = (1.0,) * c if std is None else std
         if len(mean) != c or len(std) != c:
             raise ValueError(f"mean and std need one value per channel ({c}), got {len(mean)} and {len(std)}")
         if pad_mode not in PAD_MODES:

@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from ..distributed import collective
+from ..distributed.env import read_env
+
 __all__ = ["DistributedBatchSampler"]
 
 _STATE_VERSION = 1
 
 
 def _default_replicas() -> tuple[int, int]:
-    from ..distributed import collective
-    from ..distributed.env import read_env
-
     if collective.is_initialized():
         return collective.get_world_size(), collective.get_rank()
     env = read_env()

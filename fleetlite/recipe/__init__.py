@@ -5,7 +5,7 @@
 * :mod:`fleetlite.recipe.preflight` the command-line check and ONE run directory shared by all ranks
 * :mod:`fleetlite.recipe.build`     config -> data, model, optimizer, schedule, strategy, callbacks
 * :mod:`fleetlite.recipe.run`       a job's start (device, run directory, resume) and finish (plot, report)
-* :mod:`fleetlite.recipe.plot`      the training-curves PNG
+* :mod:`fleetlite.utils.plot`       the training-curves PNG (shared with the Trainer's loggers)
 
 Nothing is imported here: each recipe imports the modules it uses.
 """

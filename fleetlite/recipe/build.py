@@ -107,6 +107,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
     ``trainer.batch_size`` is global: each rank's loader takes ``batch_size // world_size``.
     """
     from fleetlite.io import TensorLoader
+    from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
 
     from .preflight import agree
 
@@ -126,7 +127,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
     (x_test, y_test), _ = splits["test"]
     keep = device if cfg.on_device else None
     common = dict(channels_last=bool(cfg.channels_last), device=keep, num_replicas=world_size, rank=rank,
-                  pad_mode=cfg.pad_mode.value)
+                  pad_mode=cfg.pad_mode.value, mean=CIFAR10_MEAN, std=CIFAR10_STD)
     train_bs = max(int(trainer_cfg.batch_size) // world_size, 1)
     test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.batch_size) // world_size, 1)
     train = TensorLoader(x_train, y_train, batch_size=train_bs, shuffle=True, drop_last=True,
@@ -139,7 +140,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                           "lower trainer.batch_size or raise data.train_size")
     n = min(_WHITENING_IMAGES, x_train.shape[0])
     plain = TensorLoader(x_train[:n], y_train[:n], batch_size=n, shuffle=False, augment=False, num_replicas=1,
-                         rank=0, device=keep)
+                         rank=0, device=keep, mean=CIFAR10_MEAN, std=CIFAR10_STD)
     whitening_images, _ = next(iter(plain))
     return Data(train, test, classes, whitening_images)
 

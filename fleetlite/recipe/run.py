@@ -126,7 +126,7 @@ def finish_run(run: Run, final: dict[str, Any], plot: bool = True) -> dict[str, 
     result = {"acc": _value(final, "acc", "accuracy", "val_acc"), "loss": _value(final, "loss", "val_loss")}
     if not run.is_main:
         return result
-    from .plot import matplotlib_available, missing_note, plot_training_curves
+    from ..utils.plot import matplotlib_available, missing_note, plot_training_curves
 
     lines = [f"final validation accuracy: {result['acc']:.4f} (loss {result['loss']:.4f})",
              f"run directory: {run.dir}"]

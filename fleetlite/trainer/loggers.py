@@ -178,7 +178,7 @@ class _Tracker(Callback):
         hist = self._history()
         if hist is None or not hist.epoch:
             return None
-        from ..recipe.plot import matplotlib_available, plot_training_curves
+        from ..utils.plot import matplotlib_available, plot_training_curves
 
         if not matplotlib_available():
             return None

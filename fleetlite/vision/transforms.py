@@ -1,7 +1,9 @@
 """Batched image transforms on tensors (the fast input path), plus torchvision's per-sample transforms.
 
 The batched ops work on a whole batch ``(B, C, H, W)`` at once, on whatever
-device the batch lives on, with per-sample parameters given as tensors:
+device the batch lives on, with per-sample parameters given as tensors
+(implemented in :mod:`fleetlite.io.image_ops`, which the generic loader uses;
+here with CIFAR-10's statistics as defaults):
 
 * :func:`crop_flip` - per-sample random crop (of a padded image) and
   horizontal flip in one gather, on uint8 or float images;
@@ -20,135 +22,27 @@ from collections.abc import Sequence
 
 import torch
 
+from ..io import image_ops
+from ..io.image_ops import PAD_MODES, crop_flip, crop_flip_params, normalize_params, random_crop_flip
+
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "PAD_MODES", "crop_flip", "random_crop_flip", "crop_flip_params",
            "normalize", "normalize_params"]
 
 #: Per-channel mean and std of the CIFAR-10 training images (RGB, in [0, 1]).
 CIFAR10_MEAN: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
-#: How pixels outside the image are filled: 0, the mirror image (no edge repeat), or the edge pixel.
-PAD_MODES = ("zeros", "reflect", "replicate")
-
-
-def _source_index(pos: torch.Tensor, size: int, pad_mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Map source coordinates (possibly outside ``0..size-1``) into the image; the mask of real ones for zeros."""
-    if pad_mode == "reflect":
-        pos = pos.abs()
-        return torch.where(pos > size - 1, 2 * (size - 1) - pos, pos), None
-    inside = (pos >= 0) & (pos < size) if pad_mode == "zeros" else None
-    return pos.clamp(0, size - 1), inside
-
-
-def crop_flip(images: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor | None = None,
-              padding: int = 4, pad_mode: str = "zeros") -> torch.Tensor:
-    """Crop every image of a batch at its own offset and flip the chosen ones, batched.
-
-    Equivalent, image by image, to torchvision's ``RandomCrop(H, padding)``
-    at offset ``(dy, dx)`` of the padded image followed by an optional
-    horizontal flip, but done for the whole batch in one gather.
-
-    Args:
-        images: ``(B, C, H, W)`` tensor, any dtype and device.
-        dy, dx: ``(B,)`` integer offsets in ``0..2*padding`` (``padding`` = no shift).
-        flip: ``(B,)`` bool (or 0/1) tensor; ``None`` flips nothing.
-        padding: pixels of padding on each side.
-        pad_mode: ``"zeros"``, ``"reflect"`` or ``"replicate"``.
-
-    Example::
-
-        x = torch.arange(16, dtype=torch.uint8).view(1, 1, 4, 4)
-        y = crop_flip(x, torch.tensor([1]), torch.tensor([1]), padding=1)   # identity
-        assert torch.equal(x, y)
-    """
-    if images.dim() != 4:
-        raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
-    if pad_mode not in PAD_MODES:
-        raise ValueError(f"pad_mode={pad_mode!r} is not one of {PAD_MODES}")
-    b, c, h, w = images.shape
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ValueError(f"padding={padding!r} must be an integer >= 0")
-    if pad_mode == "reflect" and padding >= min(h, w):
-        raise ValueError(f"reflect padding needs padding < image size, got padding={padding} for {h}x{w} images; "
-                         "use pad_mode='zeros' or a smaller padding")
-    for name, t in (("dy", dy), ("dx", dx)) + ((("flip", flip),) if flip is not None else ()):
-        if t.shape != (b,):
-            raise ValueError(f"{name} must have shape ({b},) (one value per image), got {tuple(t.shape)}")
-    dev = images.device
-    dy = dy.to(dev, torch.int64)
-    dx = dx.to(dev, torch.int64)
-    rows = torch.arange(h, device=dev).view(1, h) + (dy.view(b, 1) - padding)
-    cols = torch.arange(w, device=dev).view(1, w).expand(b, w)
-    if flip is not None:  # crop then flip: output column j reads cropped column w - 1 - j
-        cols = torch.where(flip.to(dev, torch.bool).view(b, 1), (w - 1) - cols, cols)
-    cols = cols + (dx.view(b, 1) - padding)
-    rows, row_in = _source_index(rows, h, pad_mode)
-    cols, col_in = _source_index(cols, w, pad_mode)
-    pix = (rows.view(b, h, 1) * w + cols.view(b, 1, w)).view(b, 1, h * w).expand(b, c, h * w)
-    out = images.reshape(b, c, h * w).gather(2, pix).view(b, c, h, w)
-    if pad_mode == "zeros":  # a multiply by the 0/1 mask is ~10x faster than masked_fill_ with a broadcast mask
-        out.mul_(row_in.view(b, 1, h, 1) & col_in.view(b, 1, 1, w))
-    return out
-
-
-def crop_flip_params(n: int, padding: int = 4, flip: bool = True, generator: torch.Generator | None = None,
-                     device: torch.device | str | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Uniform per-sample offsets ``dy, dx`` in ``0..2*padding`` and flips with probability 1/2."""
-    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
-    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
-    fl = torch.randint(0, 2, (n,), generator=generator, device=device).bool() if flip else None
-    return dy, dx, fl
-
-
-def random_crop_flip(images: torch.Tensor, padding: int = 4, pad_mode: str = "zeros", flip: bool = True,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """:func:`crop_flip` with random per-sample parameters from ``generator`` (on the images' device)."""
-    dy, dx, fl = crop_flip_params(images.shape[0], padding, flip, generator, images.device)
-    return crop_flip(images, dy, dx, fl, padding, pad_mode)
-
-
-def normalize_params(mean: Sequence[float], std: Sequence[float], device: torch.device | str | None = None,
-                     dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scale, bias)`` of shape ``(1, C, 1, 1)`` on ``device`` such that ``x * scale + bias`` normalises uint8 ``x``.
-
-    Made once and passed to :func:`normalize` (``params=``), they save two
-    host-to-device copies per batch (each a sync on CUDA).
-    """
-    if len(mean) != len(std):
-        raise ValueError(f"mean and std need one value per channel, got {len(mean)} and {len(std)}")
-    if any(s <= 0 for s in std):
-        raise ValueError(f"std={tuple(std)} must be positive")
-    std_t = torch.tensor(std, dtype=torch.float64)
-    c = len(std)
-    scale = (1.0 / (255.0 * std_t)).to(device, dtype).view(1, c, 1, 1)
-    bias = (-torch.tensor(mean, dtype=torch.float64) / std_t).to(device, dtype).view(1, c, 1, 1)
-    return scale, bias
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
               channels_last: bool = False, dtype: torch.dtype = torch.float32,
               params: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """``(images / 255 - mean) / std`` per channel for a uint8 ``(B, C, H, W)`` batch, as ``dtype``.
+    """:func:`fleetlite.io.image_ops.normalize` with CIFAR-10's ``mean``/``std`` as defaults.
 
-    Matches torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` up to
-    float rounding. With ``channels_last`` the float result is laid out
-    NHWC (converting the floats is ~3x faster here than permuting uint8).
-    ``params``: :func:`normalize_params` made once for this device and dtype
-    (``mean``/``std`` are then not read).
+    ``(images / 255 - mean) / std`` per channel for a uint8 ``(B, C, H, W)``
+    batch, as ``dtype`` (torchvision's ``ToTensor()`` + ``Normalize``).
+    Example: ``normalize(torch.zeros(1, 3, 2, 2, dtype=torch.uint8)).shape == (1, 3, 2, 2)``.
     """
-    if images.dtype != torch.uint8 or images.dim() != 4:
-        raise ValueError(f"normalize expects a uint8 (B, C, H, W) batch, got {images.dtype} of shape "
-                         f"{tuple(images.shape)}; convert floats yourself or pass the raw uint8 images")
-    c = images.shape[1]
-    if params is None and (len(mean) != c or len(std) != c):
-        raise ValueError(f"mean and std need one value per channel ({c}), got {len(mean)} and {len(std)}")
-    scale, bias = params if params is not None else normalize_params(mean, std, images.device, dtype)
-    if scale.shape[1] != c or scale.device != images.device:
-        raise ValueError(f"normalize params are for {scale.shape[1]} channels on {scale.device}, the batch has {c} "
-                         f"on {images.device}; make them with normalize_params(mean, std, images.device)")
-    # convert, then scale and shift in place: ~3x faster than a uint8 * float multiply with type promotion
-    out = images.to(dtype).mul_(scale).add_(bias)
-    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+    return image_ops.normalize(images, mean, std, channels_last=channels_last, dtype=dtype, params=params)
 
 
 def __getattr__(name: str):

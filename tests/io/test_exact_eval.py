@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fleetlite.io import DistributedBatchSampler, TensorLoader, drop_padding, global_sum, trim_batch
 from fleetlite.testing import run_ranks
-from fleetlite.vision.transforms import normalize
+from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD, normalize
 
 N, BATCH = 1001, 64
 
@@ -40,7 +40,7 @@ def _loaders(rank, world):
     shuffled.set_epoch(2)
     loaders = {
         "tensor_loader": TensorLoader(images, labels, BATCH, shuffle=False, augment=False, num_replicas=world,
-                                      rank=rank),
+                                      rank=rank, mean=CIFAR10_MEAN, std=CIFAR10_STD),
         "dataloader_shuffled": DataLoader(ds, batch_sampler=shuffled),
     }
     if world > 1:

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from fleetlite.io import TensorLoader, drop_padding
-from fleetlite.vision.transforms import crop_flip, normalize
+from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD, crop_flip, normalize
 
 N = 150
+CIFAR = dict(mean=CIFAR10_MEAN, std=CIFAR10_STD)  # the stats vision.transforms.normalize defaults to
 
 
 def data(n=N, seed=0):
@@ -24,7 +25,7 @@ def same(a, b):
 
 def test_shapes_dtypes_and_exact_values_without_augmentation():
     x, y = data()
-    loader = TensorLoader(x, y, batch_size=64, shuffle=True, augment=False, num_replicas=1, rank=0)
+    loader = TensorLoader(x, y, batch_size=64, shuffle=True, augment=False, num_replicas=1, rank=0, **CIFAR)
     assert len(loader) == 3
     out = batches(loader)
     assert [len(b[1]) for b in out] == [64, 64, 22]
@@ -47,7 +48,7 @@ def find_params(src, out):
 
 def test_crops_and_flips_are_per_sample_and_real_crops():
     x, y = data()
-    loader = TensorLoader(x, y, batch_size=64, num_replicas=1, rank=0, seed=5)
+    loader = TensorLoader(x, y, batch_size=64, num_replicas=1, rank=0, seed=5, **CIFAR)
     images, labels = next(iter(loader))
     params = [find_params(x[int(i)], img) for img, i in zip(images[:40], labels[:40])]
     assert all(p is not None for p in params), "every output must be a crop (+flip) of its own source image"
@@ -139,7 +140,14 @@ def test_normalisation_constants_are_made_once_per_device_not_per_batch(monkeypa
     made = []
     real = loader_mod.normalize_params
     monkeypatch.setattr(loader_mod, "normalize_params", lambda *a, **k: made.append(a) or real(*a, **k))
-    loader = TensorLoader(x, y, batch_size=8, shuffle=False, augment=False, num_replicas=1, rank=0)
+    loader = TensorLoader(x, y, batch_size=8, shuffle=False, augment=False, num_replicas=1, rank=0, **CIFAR)
     batches = [b for _ in range(2) for b, _ in loader]
     assert len(batches) == 10 and len(made) == 1  # once for (cpu, float32), not twice per batch
     assert torch.allclose(batches[0], normalize(x[:8]))  # the same numbers as the uncached path
+
+
+def test_default_normalisation_is_neutral_scaling_to_unit_range():
+    """io knows no data set: without mean/std the pixels are only scaled to [0, 1] (torchvision's ToTensor)."""
+    x, y = data(8)
+    images, _ = next(iter(TensorLoader(x, y, batch_size=8, shuffle=False, augment=False, num_replicas=1, rank=0)))
+    assert torch.allclose(images, x.float() / 255)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetlite.recipe import plot
 from fleetlite.recipe.run import Run, finish_run
+from fleetlite.utils import plot
 
 CSV = "epoch,acc,loss,val_acc,val_loss\n0,0.3,2.0,0.35,1.9\n1,0.5,1.5,,\n2,0.7,1.0,0.65,1.1\n"
 

@@ -5,7 +5,7 @@ matplotlib is an optional extra (``pip install 'fleetlite[plot]'``): without it
 
 Example::
 
-    from fleetlite.recipe.plot import plot_training_curves
+    from fleetlite.utils.plot import plot_training_curves
     png = plot_training_curves("outputs/run/metrics.csv", "outputs/run/training_curves.png")
 """
 

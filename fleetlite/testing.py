@@ -27,6 +27,11 @@ import sys
 import time
 import traceback
 
+import torch
+
+from . import distributed as dist
+from .distributed.spawn import find_free_port, worker_env
+
 __all__ = ["run_ranks", "run_launch", "RankFailure", "free_port", "timeout_scale"]
 
 
@@ -57,8 +62,6 @@ def timeout_scale() -> float:
 
 
 def free_port() -> int:
-    from .distributed.spawn import find_free_port
-
     return find_free_port()
 
 
@@ -76,16 +79,10 @@ def _context():
 
 def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
     os.environ.update(env)
-    from .distributed.spawn import worker_env
-
     os.environ.update(worker_env(rank, world_size, "127.0.0.1", port))
-    import torch
-
     torch.set_num_threads(1)
     try:
         if init:
-            from . import distributed as dist
-
             dist.init_parallel_env(backend="gloo")
         out = fn(rank, world_size, *args, **kwargs)
         # serialise here: tensors sent through the queue as shared memory die with this process
@@ -96,8 +93,6 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
         try:
-            from . import distributed as dist
-
             dist.destroy_process_group()
         except Exception:
             pass
@@ -173,8 +168,6 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
 
 
 def _decode(payload: bytes):
-    import torch
-
     return torch.load(io.BytesIO(payload), weights_only=False)
 
 

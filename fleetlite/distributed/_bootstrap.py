@@ -38,7 +38,7 @@ def _exchange_endpoints(env: MutableMapping[str, str], rank: int, world: int, mi
     """
     if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None  # the store is created by the workers themselves: nothing to talk to yet
-    import torch.distributed as tdist
+    import torch.distributed as tdist  # only with the agent's store: a plain run leaves torch to the user's script
 
     timeout = datetime.timedelta(seconds=ENDPOINT_EXCHANGE_TIMEOUT_S)
     try:
@@ -93,7 +93,7 @@ def _record(e: BaseException) -> bool:
     if not path:
         return False
     try:
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # only on a failure
 
         handler = get_error_handler()
         handler.initialize()

@@ -79,9 +79,9 @@ def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> N
 
 def agree(value):
     """Rank 0's ``value`` on every rank (``value`` itself when no process group exists)."""
-    from fleetlite.distributed import all_gather_object, is_initialized
+    from fleetlite.distributed.agreement import from_rank0
 
-    return all_gather_object(value)[0] if is_initialized() else value
+    return from_rank0(value)
 
 
 def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:

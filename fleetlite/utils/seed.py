@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
+import torch
+
 __all__ = ["seed_everything"]
 
 
@@ -24,9 +27,6 @@ def seed_everything(seed: int, deterministic: bool = False) -> int:
     cuBLAS needs for deterministic results. Every rank should call it with the same seed; the Trainer's data
     order is seeded separately (``fit(seed=...)``).
     """
-    import numpy as np
-    import torch
-
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed_everything(seed={seed!r}): the seed must be an integer in [0, 2**32)")
     os.environ["PYTHONHASHSEED"] = str(seed)

@@ -21,7 +21,7 @@ Example::
 :func:`~.amp.from_strategy`, :class:`~.amp.DistGradScaler`) that the Trainer reuses.
 """
 
-from . import amp
+from . import amp, utils
 from .amp import AmpHelper, DistGradScaler
 from .fleet import (
     PaddleCloudRoleMaker,
@@ -64,11 +64,3 @@ __all__ = [
     "recompute",
     "utils",
 ]
-
-
-def __getattr__(name):
-    if name == "utils":  # fused_allreduce_gradients and friends; loaded on use
-        import importlib
-
-        return importlib.import_module(f"{__name__}.utils")
-    raise AttributeError(f"module 'fleetlite.distributed.fleet' has no attribute {name!r}")

@@ -150,7 +150,7 @@ def _download(root: Path) -> None:
     with _file_lock(root / ".download.lock"):  # several ranks on one machine: one downloads, the others wait
         if all((root / FOLDER / n).is_file() for names in SPLITS.values() for n in names + [META]):
             return
-        from torchvision.datasets.utils import download_and_extract_archive
+        from torchvision.datasets.utils import download_and_extract_archive  # torchvision is heavy: on download
 
         try:
             download_and_extract_archive(CIFAR10_URL, download_root=str(root), filename=ARCHIVE, md5=CIFAR10_MD5)
@@ -165,7 +165,7 @@ def _download(root: Path) -> None:
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # not POSIX: no inter-process lock
         yield
         return

@@ -127,7 +127,7 @@ class TensorLoader:
             x = self.images.index_select(0, idx)
             if aug is not None:
                 x = crop_flip(x, aug[0][idx], aug[1][idx], aug[2][idx], self.padding, self.pad_mode)
-            yield (normalize(x, channels_last=self.channels_last, params=self._norm_params(x.device)),
+            yield (normalize(x, self.mean, self.std, self.channels_last, params=self._norm_params(x.device)),
                    self.labels.index_select(0, idx))
 
     def __len__(self) -> int:

@@ -62,7 +62,8 @@ def torchvision_peer(size: int, batch_size: int, epochs: int, workers: int) -> f
 
 
 def tensor_loader(images, labels, batch_size: int, epochs: int, **kw) -> float:
-    loader = TensorLoader(images, labels, batch_size, shuffle=True, augment=True, num_replicas=1, rank=0, **kw)
+    loader = TensorLoader(images, labels, batch_size, shuffle=True, augment=True, num_replicas=1, rank=0,
+                          mean=CIFAR10_MEAN, std=CIFAR10_STD, **kw)
     return time_passes(lambda: loader, epochs, images.shape[0])
 
 

@@ -10,8 +10,14 @@ callbacks, progress line, epoch-end reduction included). The hand loop logs
 its running loss every ``log_freq`` steps like the Trainer's progress bar
 (both to /dev/null). Single process and 2 ranks (gloo).
 
+The ``mlp`` rows time a small MLP on in-memory tensors: ``Trainer.fit((x, y))`` (the Trainer's tensor
+adapter, one gather per batch) against a hand loop that takes each batch's indices from a
+``DistributedBatchSampler`` and indexes ``x[idx]``, ``y[idx]`` itself; a step is short there, so the
+cost of the input path shows.
+
     python benchmarks/trainer_overhead.py [--blocks 4] [--epochs 2] [--samples 1024] [--batch 64]
     python benchmarks/trainer_overhead.py --only compile      # just the torch.compile rows, merged into the JSON
+    python benchmarks/trainer_overhead.py --only mlp          # just the in-memory MLP rows, merged into the JSON
 
 Prints a table of ratios (Trainer / hand loop; target <= 1.03) and writes
 benchmarks/results/trainer_overhead.json. The compile rows time
@@ -99,6 +105,72 @@ def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch
     return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(tr_loader)}
 
 
+def _mlp_setup(samples: int, seed: int):
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(samples, 32, generator=g)
+    y = torch.randint(0, 10, (samples,), generator=g)
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    return net, x, y
+
+
+def _mlp_hand_epochs(model, opt, sampler, x, y, epochs: int, start: int, log_freq: int, sink) -> None:
+    for epoch in range(start, start + epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        total, count = torch.zeros((), dtype=torch.float64), 0
+        for step, idx in enumerate(sampler):
+            idx = torch.as_tensor(idx)
+            xb, yb = x[idx], y[idx]
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            total += loss.detach().double() * yb.shape[0]
+            count += yb.shape[0]
+            if (step + 1) % log_freq == 0:
+                print(f"epoch {epoch} step {step + 1} loss {(total / count).item():.4f}", file=sink, flush=True)
+
+
+def measure_mlp(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
+                log_freq: int) -> dict:
+    """The mlp rows: Trainer.fit((x, y)) against a hand loop indexing batches of in-memory tensors."""
+    torch.set_num_threads(1)
+    import fleetlite
+    from fleetlite.distributed import fleet
+    from fleetlite.io import DistributedBatchSampler
+    from fleetlite.trainer.callbacks import ProgressBar
+
+    fleet.init(is_collective=True)
+    samples *= 4  # a step is ~10x shorter than the CNN's: more of them per block
+    hand_net, hx, hy = _mlp_setup(samples, seed=0)
+    model = fleet.distributed_model(hand_net)
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    sampler = DistributedBatchSampler(range(samples), batch, shuffle=True, seed=0)
+    tr_net, tx, ty = _mlp_setup(samples, seed=0)
+    trainer = fleetlite.Trainer(tr_net, torch.optim.SGD(tr_net.parameters(), lr=lr, momentum=0.9),
+                                torch.nn.CrossEntropyLoss(), device="cpu")
+    sink = open(os.devnull, "w")
+    bar = [ProgressBar(stream=sink, log_freq=log_freq)]
+    fit = dict(batch_size=batch, shuffle=True, callbacks=bar, log_freq=log_freq)
+    _mlp_hand_epochs(model, opt, sampler, hx, hy, 1, 0, log_freq, sink)
+    trainer.fit((tx, ty), epochs=1, **fit)
+    hand, ours = [], []
+    for b in range(blocks):
+        fleetlite.distributed.barrier()
+        t0 = time.perf_counter()
+        _mlp_hand_epochs(model, opt, sampler, hx, hy, epochs, 1 + b * epochs, log_freq, sink)
+        fleetlite.distributed.barrier()
+        t1 = time.perf_counter()
+        trainer.fit((tx, ty), epochs=epochs, **fit)
+        fleetlite.distributed.barrier()
+        t2 = time.perf_counter()
+        hand.append((t1 - t0) / epochs)
+        ours.append((t2 - t1) / epochs)
+    sink.close()
+    return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(sampler)}
+
+
 def measure_compile(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
                     log_freq: int) -> dict:
     torch.set_num_threads(1)
@@ -167,6 +239,24 @@ def run_compile_rows(args, cfg) -> list[dict]:
     return rows
 
 
+def run_overhead_rows(fn, args, cfg) -> list[dict]:
+    rows = []
+    for world in (int(w) for w in args.ranks.split(",")):
+        # a fresh process per setting (one rank too), so every setting starts from the same state
+        res = run_ranks(fn, world_size=world, args=cfg, timeout=1800, init=world > 1)[0]
+        rows.append(summarize(world, res))
+        print(f"{world} rank(s): hand {rows[-1]['hand_median_s']:.3f} s/epoch, Trainer "
+              f"{rows[-1]['trainer_median_s']:.3f} s/epoch", flush=True)
+    header = f"{'ranks':>5} {'steps/epoch':>11} {'hand s/epoch':>12} {'Trainer s/epoch':>15} {'ratio':>6} {'target':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ok = "ok" if r["ratio"] <= 1.03 else "MISSED"
+        print(f"{r['ranks']:>5} {r['steps_per_epoch']:>11} {r['hand_median_s']:>12.3f} {r['trainer_median_s']:>15.3f} "
+              f"{r['ratio']:>6.3f} {'<=1.03 ' + ok:>7}")
+    return rows
+
+
 def summarize(ranks: int, res: dict) -> dict:
     ratios = [t / h for t, h in zip(res["trainer_s"], res["hand_s"])]
     return {"ranks": ranks, "steps_per_epoch": res["steps_per_epoch"], "hand_s": res["hand_s"],
@@ -186,46 +276,46 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2", help="comma-separated world sizes to measure")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "trainer_overhead.json"))
-    ap.add_argument("--only", choices=["all", "overhead", "compile"], default="all",
-                    help="compile: only the torch.compile rows, merged into an existing JSON")
+    ap.add_argument("--only", choices=["all", "overhead", "compile", "mlp"], default="all",
+                    help="compile / mlp: only those rows, merged into an existing JSON")
     args = ap.parse_args()
     cfg = (args.blocks, args.epochs, args.samples, args.batch, args.lr, args.log_freq)
-    compile_rows = run_compile_rows(args, cfg) if args.only in ("all", "compile") else None
-    if args.only == "compile":
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    if args.only in ("compile", "mlp"):
         out = json.load(open(args.out)) if os.path.exists(args.out) else {"benchmark": "trainer_overhead"}
-        out["compile"] = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "results": compile_rows,
-                          "note": "ratio = median over blocks of compiled / eager Trainer epoch time (CPU, "
-                                  "inductor); hand_ratio = the same for a hand loop with torch.compile(net), "
-                                  "same processes; first_epoch_s includes the compilation"}
+        if args.only == "compile":
+            out["compile"] = {"config": config, "results": run_compile_rows(args, cfg), "note": COMPILE_NOTE}
+        else:
+            out["mlp"] = {"config": config, "results": run_overhead_rows(measure_mlp, args, cfg), "note": MLP_NOTE}
         atomic_write_text(args.out, json.dumps(out, indent=2))
         print(f"wrote {args.out}")
         return
-    rows = []
-    for world in (int(w) for w in args.ranks.split(",")):
-        if world == 1:
-            # a fresh process too, so both settings start from the same state
-            res = run_ranks(measure, world_size=1, args=cfg, timeout=1800, init=False)[0]
-        else:
-            res = run_ranks(measure, world_size=world, args=cfg, timeout=1800)[0]
-        rows.append(summarize(world, res))
-        print(f"{world} rank(s): hand {rows[-1]['hand_median_s']:.3f} s/epoch, Trainer "
-              f"{rows[-1]['trainer_median_s']:.3f} s/epoch", flush=True)
-    header = f"{'ranks':>5} {'steps/epoch':>11} {'hand s/epoch':>12} {'Trainer s/epoch':>15} {'ratio':>6} {'target':>7}"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        ok = "ok" if r["ratio"] <= 1.03 else "MISSED"
-        print(f"{r['ranks']:>5} {r['steps_per_epoch']:>11} {r['hand_median_s']:>12.3f} {r['trainer_median_s']:>15.3f} "
-              f"{r['ratio']:>6.3f} {'<=1.03 ' + ok:>7}")
-    config = {k: v for k, v in vars(args).items() if k != "out"}
+    compile_rows = run_compile_rows(args, cfg) if args.only == "all" else None
+    print("quick-start CNN, TensorLoader:")
+    rows = run_overhead_rows(measure, args, cfg)
+    mlp_rows = None
+    if args.only == "all":
+        print("small MLP, in-memory tensors:")
+        mlp_rows = run_overhead_rows(measure_mlp, args, cfg)
     out = {"benchmark": "trainer_overhead", "model": "tutorial_cnn (Paddle quick-start CNN)",
            "data": "TensorLoader over SyntheticCifar10, crop+flip", "config": config, "results": rows,
            "torch": str(torch.__version__), "machine": f"{platform.machine()} {os.cpu_count()} cores",
            "note": "ratio = median over blocks of (Trainer block time / hand-loop block time), same processes"}
     if compile_rows is not None:
-        out["compile"] = {"results": compile_rows, "note": "compiled / eager Trainer epoch time (CPU, inductor)"}
+        out["compile"] = {"results": compile_rows, "note": COMPILE_NOTE}
+    if mlp_rows is not None:
+        out["mlp"] = {"results": mlp_rows, "note": MLP_NOTE}
+    if args.only == "overhead" and os.path.exists(args.out):  # keep the rows this run did not measure
+        previous = json.load(open(args.out))
+        out.update({k: previous[k] for k in ("compile", "mlp") if k in previous})
     atomic_write_text(args.out, json.dumps(out, indent=2))
     print(f"wrote {args.out}")
+
+
+COMPILE_NOTE = ("ratio = median over blocks of compiled / eager Trainer epoch time (CPU, inductor); hand_ratio = the "
+                "same for a hand loop with torch.compile(net), same processes; first_epoch_s includes the compilation")
+MLP_NOTE = ("Linear(32,128)-ReLU-Linear(128,10) on 4x --samples in-memory float tensors: Trainer.fit((x, y)) vs a "
+            "hand loop indexing x[idx], y[idx] with a DistributedBatchSampler's indices; ratio as for the CNN rows")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from trainer_helpers import dataset, trainer
 
 import fleetlite
 from fleetlite.trainer import callbacks as C
+from fleetlite.trainer.callbacks import tensorboard as tensorboard_callback
 from fleetlite.trainer.checkpoint import load_checkpoint
 
 
@@ -179,7 +180,7 @@ def test_tensorboard_missing_package_message_and_writer(monkeypatch, tmp_path):
         def flush(self): ...
         def close(self): ...
 
-    monkeypatch.setattr(C, "_summary_writer_class", lambda: Writer)
+    monkeypatch.setattr(tensorboard_callback, "_summary_writer_class", lambda: Writer)
     hist = trainer().fit(dataset(16), epochs=2, batch_size=8, callbacks=[C.TensorBoard(str(tmp_path))], verbose=0)
     got = {(tag, step): v for tag, v, step in written}
     assert got[("epoch/loss", 1)] == hist.history["loss"][1] and ("epoch/acc_top2", 0) in got

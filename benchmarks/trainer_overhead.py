@@ -71,104 +71,83 @@ def _hand_epochs(model, opt, loader, epochs: int, start: int, log_freq: int, sin
                 print(f"epoch {epoch} step {step + 1} loss {(total / count).item():.4f}", file=sink, flush=True)
 
 
-def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
-            log_freq: int) -> dict:
+def _compare(setup, blocks: int, epochs: int, lr: float, log_freq: int, **fit) -> dict:
+    """Time blocks of hand-loop epochs against ``Trainer.fit`` blocks; ``setup(hand)`` gives a fresh
+    ``(net, data)``: for the hand loop an iterable of ``(x, y)`` with ``set_epoch``, else what fit takes."""
     torch.set_num_threads(1)
     import fleetlite
     from fleetlite.distributed import fleet  # the facade, as the Trainer uses it
     from fleetlite.trainer.callbacks import ProgressBar
     fleet.init(is_collective=True)
-    hand_net, hand_loader = _setup(samples, batch, seed=0)
+    hand_net, hand_data = setup(hand=True)
     model = fleet.distributed_model(hand_net)
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
-    tr_net, tr_loader = _setup(samples, batch, seed=0)
+    tr_net, tr_data = setup(hand=False)
     trainer = fleetlite.Trainer(tr_net, torch.optim.SGD(tr_net.parameters(), lr=lr, momentum=0.9),
                                 torch.nn.CrossEntropyLoss(), device="cpu")
     sink = open(os.devnull, "w")
     bar = [ProgressBar(stream=sink, log_freq=log_freq)]
     # warm-up: one epoch each (first-call costs: autograd, allocator, lazy imports)
-    _hand_epochs(model, opt, hand_loader, 1, 0, log_freq, sink)
-    trainer.fit(tr_loader, epochs=1, callbacks=bar, log_freq=log_freq)
+    _hand_epochs(model, opt, hand_data, 1, 0, log_freq, sink)
+    trainer.fit(tr_data, epochs=1, callbacks=bar, log_freq=log_freq, **fit)
     hand, ours = [], []
     for b in range(blocks):
         fleetlite.distributed.barrier()
         t0 = time.perf_counter()
-        _hand_epochs(model, opt, hand_loader, epochs, 1 + b * epochs, log_freq, sink)
+        _hand_epochs(model, opt, hand_data, epochs, 1 + b * epochs, log_freq, sink)
         fleetlite.distributed.barrier()
         t1 = time.perf_counter()
-        trainer.fit(tr_loader, epochs=epochs, callbacks=bar, log_freq=log_freq)
+        trainer.fit(tr_data, epochs=epochs, callbacks=bar, log_freq=log_freq, **fit)
         fleetlite.distributed.barrier()
         t2 = time.perf_counter()
         hand.append((t1 - t0) / epochs)
         ours.append((t2 - t1) / epochs)
     sink.close()
-    return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(tr_loader)}
+    return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(hand_data)}
 
 
-def _mlp_setup(samples: int, seed: int):
+def measure(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
+            log_freq: int) -> dict:
+    """The CNN rows: the quick-start CNN on the TensorLoader pipeline."""
+    return _compare(lambda hand: _setup(samples, batch, seed=0), blocks, epochs, lr, log_freq)
+
+
+class _IndexedBatches:
+    """The hand loop's batches of in-memory tensors: ``x[idx], y[idx]`` for a DistributedBatchSampler's ``idx``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
+        from fleetlite.io import DistributedBatchSampler
+
+        self.x, self.y = x, y
+        self.sampler = DistributedBatchSampler(range(len(x)), batch, shuffle=True, seed=0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        for idx in self.sampler:
+            idx = torch.as_tensor(idx)
+            yield self.x[idx], self.y[idx]
+
+
+def _mlp_setup(samples: int, batch: int, hand: bool):
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(samples, 32, generator=g)
     y = torch.randint(0, 10, (samples,), generator=g)
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    return net, x, y
-
-
-def _mlp_hand_epochs(model, opt, sampler, x, y, epochs: int, start: int, log_freq: int, sink) -> None:
-    for epoch in range(start, start + epochs):
-        sampler.set_epoch(epoch)
-        model.train()
-        total, count = torch.zeros((), dtype=torch.float64), 0
-        for step, idx in enumerate(sampler):
-            idx = torch.as_tensor(idx)
-            xb, yb = x[idx], y[idx]
-            loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            total += loss.detach().double() * yb.shape[0]
-            count += yb.shape[0]
-            if (step + 1) % log_freq == 0:
-                print(f"epoch {epoch} step {step + 1} loss {(total / count).item():.4f}", file=sink, flush=True)
+    return net, (_IndexedBatches(x, y, batch) if hand else (x, y))
 
 
 def measure_mlp(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
                 log_freq: int) -> dict:
     """The mlp rows: Trainer.fit((x, y)) against a hand loop indexing batches of in-memory tensors."""
-    torch.set_num_threads(1)
-    import fleetlite
-    from fleetlite.distributed import fleet
-    from fleetlite.io import DistributedBatchSampler
-    from fleetlite.trainer.callbacks import ProgressBar
-
-    fleet.init(is_collective=True)
     samples *= 4  # a step is ~10x shorter than the CNN's: more of them per block
-    hand_net, hx, hy = _mlp_setup(samples, seed=0)
-    model = fleet.distributed_model(hand_net)
-    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
-    sampler = DistributedBatchSampler(range(samples), batch, shuffle=True, seed=0)
-    tr_net, tx, ty = _mlp_setup(samples, seed=0)
-    trainer = fleetlite.Trainer(tr_net, torch.optim.SGD(tr_net.parameters(), lr=lr, momentum=0.9),
-                                torch.nn.CrossEntropyLoss(), device="cpu")
-    sink = open(os.devnull, "w")
-    bar = [ProgressBar(stream=sink, log_freq=log_freq)]
-    fit = dict(batch_size=batch, shuffle=True, callbacks=bar, log_freq=log_freq)
-    _mlp_hand_epochs(model, opt, sampler, hx, hy, 1, 0, log_freq, sink)
-    trainer.fit((tx, ty), epochs=1, **fit)
-    hand, ours = [], []
-    for b in range(blocks):
-        fleetlite.distributed.barrier()
-        t0 = time.perf_counter()
-        _mlp_hand_epochs(model, opt, sampler, hx, hy, epochs, 1 + b * epochs, log_freq, sink)
-        fleetlite.distributed.barrier()
-        t1 = time.perf_counter()
-        trainer.fit((tx, ty), epochs=epochs, **fit)
-        fleetlite.distributed.barrier()
-        t2 = time.perf_counter()
-        hand.append((t1 - t0) / epochs)
-        ours.append((t2 - t1) / epochs)
-    sink.close()
-    return {"hand_s": hand, "trainer_s": ours, "steps_per_epoch": len(sampler)}
+    return _compare(lambda hand: _mlp_setup(samples, batch, hand), blocks, epochs, lr, log_freq,
+                    batch_size=batch, shuffle=True)
 
 
 def measure_compile(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,

@@ -145,7 +145,7 @@ def _mlp_setup(samples: int, batch: int, hand: bool):
 def measure_mlp(rank: int, world: int, blocks: int, epochs: int, samples: int, batch: int, lr: float,
                 log_freq: int) -> dict:
     """The mlp rows: Trainer.fit((x, y)) against a hand loop indexing batches of in-memory tensors."""
-    samples *= 4  # a step is ~10x shorter than the CNN's: more of them per block
+    samples *= 16  # a step is ~20x shorter than the CNN's: more of them per block (blocks of ~1 s)
     return _compare(lambda hand: _mlp_setup(samples, batch, hand), blocks, epochs, lr, log_freq,
                     batch_size=batch, shuffle=True)
 
@@ -293,7 +293,7 @@ def main() -> None:
 
 COMPILE_NOTE = ("ratio = median over blocks of compiled / eager Trainer epoch time (CPU, inductor); hand_ratio = the "
                 "same for a hand loop with torch.compile(net), same processes; first_epoch_s includes the compilation")
-MLP_NOTE = ("Linear(32,128)-ReLU-Linear(128,10) on 4x --samples in-memory float tensors: Trainer.fit((x, y)) vs a "
+MLP_NOTE = ("Linear(32,128)-ReLU-Linear(128,10) on 16x --samples in-memory float tensors: Trainer.fit((x, y)) vs a "
             "hand loop indexing x[idx], y[idx] with a DistributedBatchSampler's indices; ratio as for the CNN rows")
 
 

@@ -194,3 +194,13 @@ def test_callback_list_state_keys_and_type_checks():
     with pytest.warns(UserWarning, match="not passed to fit"):
         cbs.load_state_dict({**cbs.state_dict(), "Gone": {"x": 1}})
     assert fleetlite.callbacks.ModelCheckpoint is C.ModelCheckpoint and not math.isnan(0.0)
+
+
+def test_callback_list_writes_every_hook_out_and_public_names_are_callbacks():
+    from fleetlite.trainer.callbacks.base import HOOKS
+
+    assert all(name in C.CallbackList.__dict__ for name in HOOKS)  # go-to-definition finds each hook
+    for name in fleetlite.callbacks.__all__:
+        obj = getattr(fleetlite.callbacks, name)
+        assert issubclass(obj, (C.Callback, C.CallbackList, C.NonFiniteLossError)), name
+    assert not hasattr(fleetlite.callbacks, "build_callbacks") and not hasattr(fleetlite.callbacks, "atomic_write_text")

@@ -6,4 +6,7 @@ Example::
 """
 
 from ..trainer.callbacks import *  # noqa: F401,F403
-from ..trainer.callbacks import __all__  # noqa: F401
+from ..trainer.callbacks import __all__ as _callbacks
+from ..trainer.callbacks._hapi import config_callbacks
+
+__all__ = [*_callbacks, "config_callbacks"]

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
+from ..distributed import collective
 from .sampler import DistributedBatchSampler
 
-__all__ = ["find_batch_sampler", "trim_batch", "drop_padding", "global_sum"]
+__all__ = ["find_batch_sampler", "trim_batch", "drop_padding", "global_sum", "torch_sampler_num_valid"]
 
 
 def find_batch_sampler(loader: Any) -> DistributedBatchSampler | None:
@@ -67,13 +68,20 @@ def trim_batch(batch: Any, n: int) -> Any:
     return batch
 
 
-def _torch_sampler_counter(loader: Any) -> Callable[[int], int] | None:
-    """``num_valid`` for a DataLoader over torch's ``DistributedSampler`` (None when it is not one).
+def torch_sampler_num_valid(sampler: torch.utils.data.DistributedSampler, batch_size: int, index: int) -> int:
+    """Leading real samples of local batch ``index`` of a loader over torch's ``DistributedSampler``.
 
     torch pads its (shuffled) index list at the end and deals it out
     round-robin: local sample ``j`` of rank ``r`` is position ``r + j * R``,
     real when below ``N``; so the real samples lead every local list too.
+    (With ``drop_last=True`` on the sampler nothing is padded: all are real.)
     """
+    real_local = max(0, math.ceil((len(sampler.dataset) - sampler.rank) / sampler.num_replicas))
+    return max(0, min(batch_size, real_local - index * batch_size))
+
+
+def _torch_sampler_counter(loader: Any) -> Callable[[int], int] | None:
+    """``num_valid`` for a DataLoader over torch's ``DistributedSampler`` (None when it is not one)."""
     sampler = getattr(loader, "sampler", None)
     if not isinstance(sampler, torch.utils.data.DistributedSampler):
         return None
@@ -83,15 +91,11 @@ def _torch_sampler_counter(loader: Any) -> Callable[[int], int] | None:
     batch_size = getattr(loader, "batch_size", None)
     if batch_size is None:
         return None
-    n, rank, world = len(sampler.dataset), sampler.rank, sampler.num_replicas
-    real_local = max(0, math.ceil((n - rank) / world))
-    return lambda i: max(0, min(batch_size, real_local - i * batch_size))
+    return lambda i: torch_sampler_num_valid(sampler, batch_size, i)
 
 
 def _unknown_split_reason(loader: Any) -> str | None:
     """Why ``loader`` cannot be evaluated exactly across ranks (``None``: one rank, nothing to drop)."""
-    from ..distributed import collective
-
     world = collective.get_world_size()
     if world > 1:
         return (f"no DistributedBatchSampler (nor torch DistributedSampler) drives it, so with {world} ranks "
@@ -144,8 +148,6 @@ def global_sum(*values: float | int | torch.Tensor, group: Any = None) -> tuple[
 
         correct, count = global_sum(correct, count)
     """
-    from ..distributed import collective
-
     if not values:
         raise TypeError("global_sum() needs at least one value")
     for v in values:

@@ -52,10 +52,16 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+def padded_length(n: int, replicas: int) -> int:
+    """``n`` samples padded to a multiple of ``replicas`` (Note [sampler layout]; torch's DistributedSampler pads
+    the same way, see :func:`fleetlite.io.evaluation.torch_sampler_num_valid`)."""
+    return math.ceil(n / replicas) * replicas
+
+
 def _pass_slices(remaining: int, batch_size: int, replicas: int, rank: int,
                  drop_last: bool) -> list[tuple[int, int]]:
     """(start, length) of each local batch in the padded remaining list (Note [sampler layout])."""
-    total = math.ceil(remaining / replicas) * replicas
+    total = padded_length(remaining, replicas)
     chunk = batch_size * replicas
     full = total // chunk
     slices = [(k * chunk + rank * batch_size, batch_size) for k in range(full)]
@@ -137,8 +143,8 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         self.shuffle, self.drop_last = shuffle, drop_last
         self.seed = _check_int("seed", seed, 0)
         self._n = n
-        self.num_samples = math.ceil(n / self.nranks)  # per rank, padding included (Paddle's attribute)
-        self.total_size = self.num_samples * self.nranks
+        self.total_size = padded_length(n, self.nranks)
+        self.num_samples = self.total_size // self.nranks  # per rank, padding included (Paddle's attribute)
         self.epoch = 0
         self._offset = 0  # position reached in the epoch's order (what state_dict saves)
         self._start = 0  # where the next pass starts: 0, or once the position load_state_dict restored
@@ -164,7 +170,7 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         self._offset = p.start
         order = self._order(p.epoch)
         # Note [sampler layout]: the remaining order, padded by cycling the head of the epoch's order
-        pad = math.ceil(p.remaining / self.nranks) * self.nranks - p.remaining
+        pad = padded_length(p.remaining, self.nranks) - p.remaining
         padded = np.concatenate([order[p.start:], order[np.arange(pad) % self._n]]).tolist()
         try:
             if not p.slices:  # nothing to hand out (drop_last with a short remainder): the epoch is over

@@ -68,7 +68,7 @@ class EpochLog(Callback):
                        self.trainer.global_step)
 
     def on_epoch_end(self, epoch, logs=None):
-        from fleetlite.trainer.progress import epoch_label, format_logs
+        from fleetlite.trainer.callbacks.progress import epoch_label, format_logs
 
         values = format_logs(logs).replace(": ", "=").replace(" - ", " ")
         self._log.info("%s: %s", epoch_label(epoch, self.params.get("epochs")), values)

@@ -13,7 +13,7 @@ Example::
     trainer.fit(train_set, eval_data=test_set, epochs=3, save_dir="runs/a")
 """
 
-from .callback_base import History
+from .callbacks import History
 from .model import Model
 from .trainer import Trainer
 

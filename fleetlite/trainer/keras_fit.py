@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from .data_adapter import DataAdapter
+from .data_adapter import DataAdapter, build_adapter
 
 __all__ = ["apply_keras_options", "check_call_order", "evaluate_in_epoch"]
 
@@ -49,7 +49,7 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
                         initial_epoch: int, eval_steps: int | None = None) -> tuple[Any, Any]:
     """The (train, eval) data after the Keras options; sets ``trainer._initial_epoch``/``_eval_steps``."""
     from .connector import check_positive
-    from .hapi_callbacks import LimitedAdapter
+    from .data_adapter import LimitedAdapter
 
     check_positive(steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, eval_steps=eval_steps)
     trainer._eval_steps = eval_steps
@@ -65,10 +65,10 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
         train_data, eval_data = _split(train_data, float(validation_split))
     pin = trainer.device.type == "cuda"
     if steps_per_epoch is not None:
-        train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
         train_data = LimitedAdapter.wrap(train, steps_per_epoch)
     if validation_steps is not None and eval_data is not None:
-        ev = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
+        ev = build_adapter(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
         eval_data = LimitedAdapter.wrap(ev, validation_steps)
     return train_data, eval_data
 

@@ -314,8 +314,8 @@ class Model(Trainer):
         ``{save_dir}/best_model``. An LR scheduler on the optimizer is stepped per batch unless an
         ``LRScheduler`` callback says otherwise.
         """
-        from .data_adapter import DataAdapter
-        from .hapi_callbacks import config_fit_callbacks
+        from .callbacks._hapi import config_fit_callbacks
+        from .data_adapter import DataAdapter, build_adapter
 
         if train_data is None:
             raise ValueError("train_data must be given!")
@@ -329,8 +329,8 @@ class Model(Trainer):
         else:
             raise TypeError("'batch_size' must be integer or tuple/list of two integers")
         if eval_data is not None and not isinstance(eval_data, DataAdapter):
-            eval_data = DataAdapter.build(eval_data, eval_bs, False, False, num_workers, 0,
-                                          self.device.type == "cuda", "eval")
+            eval_data = build_adapter(eval_data, eval_bs, False, False, num_workers, 0,
+                                      self.device.type == "cuda", "eval")
         cbs = config_fit_callbacks(self, callbacks, save_dir, save_freq)
         self._ran = True
         return Trainer.fit(self, train_data, eval_data, epochs=epochs, batch_size=train_bs, eval_freq=eval_freq,
@@ -344,12 +344,11 @@ class Model(Trainer):
 
         ``num_iters`` evaluates only the first ``num_iters`` batches (of each rank).
         """
-        from .data_adapter import DataAdapter
-        from .hapi_callbacks import LimitedAdapter
+        from .data_adapter import LimitedAdapter, build_adapter
 
         check_call_order(None, eval_data, batch_size, 1, "paddle")
         if num_iters is not None:
-            data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
+            data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
             eval_data = LimitedAdapter.wrap(data, num_iters)
         self._ran = True
         logs = Trainer.evaluate(self, eval_data, batch_size=batch_size, log_freq=log_freq,
@@ -382,7 +381,7 @@ class Model(Trainer):
         inference (``fleetlite.Trainer.save(path, training=False)``) and needs the model to have run or
         ``inputs`` specs (RuntimeError otherwise, as Paddle).
         """
-        from .hapi_callbacks import save_prefix
+        from .hapi_io import save_prefix
 
         save_prefix(self, os.fspath(path), training)
 
@@ -392,7 +391,7 @@ class Model(Trainer):
         Entries missing from the file or of another shape raise ValueError, or with ``skip_mismatch`` are
         skipped with a warning. A fleetlite checkpoint file (``.pt``) is accepted as ``path`` too.
         """
-        from .hapi_callbacks import load_prefix
+        from .hapi_io import load_prefix
 
         load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer)
 

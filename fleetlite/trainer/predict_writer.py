@@ -24,7 +24,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from ..distributed import collective
 
 __all__ = ["PredictionWriter"]
 
@@ -49,8 +52,6 @@ class PredictionWriter:
 
     def start(self) -> None:
         """Create the shard folder (rank 0 clears a stale one first); collective."""
-        from ..distributed import collective
-
         if self.rank == 0:
             if self.parts.exists():
                 shutil.rmtree(self.parts)
@@ -68,8 +69,6 @@ class PredictionWriter:
 
     def finish(self) -> list[Path]:
         """Merge on rank 0 (collective); every rank returns the merged paths."""
-        from ..distributed import collective
-
         collective.barrier()
         answer: dict[str, Any] = {}
         if self.rank == 0:
@@ -153,8 +152,6 @@ class _NpyRows:
     """A ``.npy`` file of ``rows`` x ``shape`` filled row by row at given indices (consecutive runs in one write)."""
 
     def __init__(self, path: Path, dtype: torch.dtype, rows: int, shape: tuple[int, ...]) -> None:
-        import numpy as np
-
         np_dtype = torch.empty((), dtype=dtype).numpy().dtype
         self.row_bytes = int(np_dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
         header = {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False,

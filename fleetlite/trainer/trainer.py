@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .callback_base import Callback, CallbackList, History
+from .callbacks import Callback, CallbackList, History
 from .connector import Connector, check_positive, plain_config
-from .data_adapter import DataAdapter, describe_sizes, keras_evaluate_args, keras_xy
+from .data_adapter import DataAdapter, build_adapter, describe_sizes, keras_evaluate_args, keras_xy
 from .metrics import Metric
 
 __all__ = ["Trainer"]
@@ -133,7 +133,7 @@ class Trainer:
         ``fit`` adds to its callbacks).
         """
         if ema_decay is not None:
-            from .ema import EMA
+            from .callbacks import EMA
 
             self.ema = EMA(ema_decay)
         from .clipping import resolve_grad_clip
@@ -332,12 +332,12 @@ class Trainer:
             self._accumulate = accumulate_grad_batches
         self.save_dir = Path(save_dir) if save_dir is not None else None
         pin = self.device.type == "cuda"
-        train = DataAdapter.build(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
         if train.length() == 0:
             raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
                              "nothing: use a smaller batch_size, drop_last=False, or more data")
-        evaluation = None if eval_data is None else DataAdapter.build(eval_data, batch_size, False, False,
-                                                                      num_workers, 0, pin, "eval")
+        evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, False, False,
+                                                                  num_workers, 0, pin, "eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
         if getattr(self, "ema", None) is not None and not any(c is self.ema for c in callbacks or []):
@@ -346,7 +346,7 @@ class Trainer:
         cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
         ckpt_dir = self.save_dir
         if ckpt_dir is None:
-            from .model_checkpoint import ModelCheckpoint
+            from .callbacks import ModelCheckpoint
 
             dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
             ckpt_dir = Path(dirs[0]) if dirs else None
@@ -360,14 +360,14 @@ class Trainer:
         try:
             loops.run_fit(self, train, evaluation, epochs, eval_freq, num_iters, cbs, resume_state)
         except BaseException as e:
-            for cb in cbs:  # trackers mark their run FAILED (fleetlite.trainer.loggers)
+            for cb in cbs:  # trackers mark their run FAILED (fleetlite.trainer.callbacks.tracker)
                 if hasattr(cb, "on_exception"):
                     cb.on_exception(e)
             raise
         finally:
             self.fitting = False
             self._pending.clear()
-            from .preemption import Preemption
+            from .callbacks import Preemption
 
             for cb in cbs.find(Preemption):  # signal handlers back even when training failed
                 cb.close()
@@ -382,7 +382,7 @@ class Trainer:
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self._prepare(training=False)
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
-        data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
+        data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
         cbs = self._make_callbacks(callbacks, verbose, log_freq, 1, None, batch_size, history=False)
         return loops.run_evaluate(self, data, cbs)
 
@@ -403,7 +403,7 @@ class Trainer:
         check_positive(batch_size=batch_size)
         self._prepare(training=False)
         pin = self.device.type == "cuda"
-        adapter = DataAdapter.build(data, batch_size, False, False, num_workers, 0, pin, "predict")
+        adapter = build_adapter(data, batch_size, False, False, num_workers, 0, pin, "predict")
         cbs = self._make_callbacks(callbacks, verbose, 10, 1, None, batch_size, history=False)
         writer = None
         if output_dir is not None:
@@ -451,7 +451,7 @@ class Trainer:
         return restore_for_fit(self, path, train)
 
     def _make_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history=True) -> CallbackList:
-        from .callbacks import build_callbacks
+        from .callbacks._build import build_callbacks
 
         return build_callbacks(self, callbacks, verbose, log_freq, epochs, train, batch_size, history)
 

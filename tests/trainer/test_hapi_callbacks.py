@@ -12,6 +12,7 @@ from trainer_helpers import dataset, trainer
 
 import fleetlite
 from fleetlite import callbacks as C
+from fleetlite.hapi.callbacks import config_callbacks
 from fleetlite.metric import Accuracy
 from fleetlite.testing import run_ranks
 
@@ -20,7 +21,7 @@ from fleetlite.testing import run_ranks
 def test_config_callbacks_driven_like_paddle(tmp_path, verbose, capsys):
     model = fleetlite.Model(MyModel())
     model.prepare()
-    cbks = C.config_callbacks(model=model, batch_size=128, epochs=2, steps=5, log_freq=2, verbose=verbose,
+    cbks = config_callbacks(model=model, batch_size=128, epochs=2, steps=5, log_freq=2, verbose=verbose,
                               metrics=["loss", "acc"], save_dir=str(tmp_path))
     cbks.on_begin("train")
     logs = {"loss": 50.341673, "acc": 0.00256}

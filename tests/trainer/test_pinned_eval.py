@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import fleetlite
-from fleetlite.trainer import data_adapter
+from fleetlite.trainer import trainer as trainer_module
 
 
 class _Stop(Exception):
@@ -26,7 +26,7 @@ def test_eval_and_predict_loaders_pin_memory_on_cuda(monkeypatch, clean_dist_env
         seen.append((args[6], args[7]))  # (pin_memory, role)
         raise _Stop
 
-    monkeypatch.setattr(data_adapter.DataAdapter, "build", staticmethod(build))
+    monkeypatch.setattr(trainer_module, "build_adapter", build)
     monkeypatch.setattr(t._connector, "device", torch.device(device))
     for call in (lambda: t.evaluate(data, batch_size=4), lambda: t.predict(data, batch_size=4)):
         with pytest.raises(_Stop):

@@ -11,6 +11,7 @@ from trainer_helpers import dataset, trainer
 
 import fleetlite
 from fleetlite.trainer import callbacks as C
+from fleetlite.trainer.callbacks import tensorboard as tensorboard_callback
 from fleetlite.trainer.checkpoint import load_checkpoint
 
 
@@ -179,7 +180,7 @@ def test_tensorboard_missing_package_message_and_writer(monkeypatch, tmp_path):
         def flush(self): ...
         def close(self): ...
 
-    monkeypatch.setattr(C, "_summary_writer_class", lambda: Writer)
+    monkeypatch.setattr(tensorboard_callback, "_summary_writer_class", lambda: Writer)
     hist = trainer().fit(dataset(16), epochs=2, batch_size=8, callbacks=[C.TensorBoard(str(tmp_path))], verbose=0)
     got = {(tag, step): v for tag, v, step in written}
     assert got[("epoch/loss", 1)] == hist.history["loss"][1] and ("epoch/acc_top2", 0) in got
@@ -193,3 +194,13 @@ def test_callback_list_state_keys_and_type_checks():
     with pytest.warns(UserWarning, match="not passed to fit"):
         cbs.load_state_dict({**cbs.state_dict(), "Gone": {"x": 1}})
     assert fleetlite.callbacks.ModelCheckpoint is C.ModelCheckpoint and not math.isnan(0.0)
+
+
+def test_callback_list_writes_every_hook_out_and_public_names_are_callbacks():
+    from fleetlite.trainer.callbacks.base import HOOKS
+
+    assert all(name in C.CallbackList.__dict__ for name in HOOKS)  # go-to-definition finds each hook
+    for name in fleetlite.callbacks.__all__:
+        obj = getattr(fleetlite.callbacks, name)
+        assert issubclass(obj, (C.Callback, C.CallbackList, C.NonFiniteLossError)), name
+    assert not hasattr(fleetlite.callbacks, "build_callbacks") and not hasattr(fleetlite.callbacks, "atomic_write_text")

@@ -5,7 +5,7 @@ import io
 from trainer_helpers import dataset, trainer
 
 from fleetlite.trainer.callbacks import ProgressBar
-from fleetlite.trainer.progress import format_logs
+from fleetlite.trainer.callbacks.progress import format_logs
 
 
 def test_plain_lines_when_not_a_terminal():

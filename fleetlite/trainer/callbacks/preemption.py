@@ -49,7 +49,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .callback_base import Callback, is_rank_zero
+import torch
+import torch.distributed as tdist
+
+from ...distributed import collective
+from .base import Callback, is_rank_zero
+from .model_checkpoint import ModelCheckpoint
 
 __all__ = ["Preemption"]
 
@@ -61,8 +66,6 @@ _groups: dict[int, Any] = {}  # id(default group) -> the agreement group made fo
 def _agreement_group():
     """A gloo group over every rank for the agreement, made once per default process group (a collective call:
     every rank reaches it in its first ``fit`` with a Preemption callback)."""
-    import torch.distributed as tdist
-
     world = tdist.distributed_c10d._get_default_group()
     key = id(world)
     if key not in _groups:
@@ -152,9 +155,6 @@ class Preemption(Callback):
         """Whether every rank agrees to stop now (the same answer on every rank); starts the next agreement."""
         if self._group is None:
             return self.received is not None
-        import torch
-        import torch.distributed as tdist
-
         now = time.perf_counter()
         interval = 1
         if self._work is not None:
@@ -200,9 +200,6 @@ class Preemption(Callback):
         """Whether any rank got a signal during fit (one blocking all-reduce, at the end of training)."""
         if self._group is None:
             return self.received is not None
-        import torch
-        import torch.distributed as tdist
-
         if self._work is not None:  # every rank started it: it completes
             self._work.wait()
             self._work = None
@@ -216,9 +213,6 @@ class Preemption(Callback):
         return None if d is None else Path(d)
 
     def on_train_begin(self, logs=None):
-        from ..distributed import collective
-        from .model_checkpoint import ModelCheckpoint
-
         self.received, self._stop_step, self._work = None, None, None
         self._boundaries, self._next_poll, self._last_poll = 0, 1, (time.perf_counter(), 0)
         t = self.trainer

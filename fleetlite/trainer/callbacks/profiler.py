@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .callback_base import Callback, is_rank_zero
+from ...distributed import collective
+from .base import Callback, is_rank_zero
 
 __all__ = ["Profiler"]
 
@@ -54,8 +55,6 @@ class Profiler(Callback):
         self._steps = 0
 
     def _ready(self, prof) -> None:
-        from ..distributed import collective
-
         out = Path(self.dir or Path(self.trainer.run_dir) / "profiler")
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"rank{collective.get_rank()}.step{self._steps}.json"

@@ -14,17 +14,24 @@ Public through :mod:`fleetlite.callbacks`.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from ..utils.user_warning import warn_user
-from .callback_base import Callback, is_rank_zero
-from .early_stopping import missing_monitor, resolve_mode
+from ... import checkpoint as dcp_ckpt
+from ...distributed import collective
+from ...utils.atomic import atomic_write_text
+from ...utils.user_warning import warn_user
+from ..checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale_temporaries
+from ..dcp_state import save_dcp
+from .base import Callback, is_rank_zero
+from .monitor import MonitorMixin, missing_monitor, resolve_mode
 
 __all__ = ["ModelCheckpoint"]
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(MonitorMixin, Callback):
     """Save the full training state: every ``save_freq`` epochs and/or every ``save_steps`` optimizer steps.
 
     Files in ``save_dir`` (default: ``fit(save_dir=...)``): ``epoch-0003.pt``
@@ -92,6 +99,14 @@ class ModelCheckpoint(Callback):
         """Under ``fleetlite.Model``: Paddle's ModelCheckpoint (``{save_dir}/{epoch}`` and ``final`` prefixes)."""
         return getattr(self.trainer, "_paddle_hapi", False)
 
+    def _paddle_save(self, name: str) -> None:
+        """Paddle's ``Model.save`` prefix ``{save_dir}/{name}``, written by rank 0; no directory: no saving."""
+        if self.save_dir and is_rank_zero():
+            path = f"{self.save_dir}/{name}"
+            if self.verbose:
+                print(f"save checkpoint at {os.path.abspath(path)}")
+            self.trainer.save(path)
+
     def on_train_begin(self, logs=None):
         if self._paddle():
             return
@@ -106,16 +121,11 @@ class ModelCheckpoint(Callback):
 
     def _check_directory(self) -> None:
         """Fail now, on every rank, when rank 0 cannot write the directory; drop temporary files of dead saves."""
-        from ..distributed import collective
-        from .checkpoint import CheckpointError, probe_writable, remove_stale_temporaries
-
         error = None
         if is_rank_zero():
             try:
                 probe_writable(self.directory)
                 remove_stale_temporaries(self.directory)
-                from .. import checkpoint as dcp_ckpt
-
                 dcp_ckpt.remove_stale(self.directory)
             except CheckpointError as e:
                 error = str(e)
@@ -133,9 +143,7 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._paddle():
-            from .hapi_callbacks import paddle_checkpoint_epoch_end
-
-            return paddle_checkpoint_epoch_end(self, epoch)
+            return self._paddle_save(str(epoch)) if self.save_freq and epoch % self.save_freq == 0 else None
         best = False
         if self.monitor is not None and not self._warned and missing_monitor(self.monitor, logs, self.params):
             self._warned = True
@@ -144,8 +152,7 @@ class ModelCheckpoint(Callback):
                       "to fit for val_* values")
         if self.monitor is not None and logs and self.monitor in logs:
             value = float(logs[self.monitor])
-            if self.best is None or (value < self.best - self.min_delta if self.mode == "min"
-                                     else value > self.best + self.min_delta):
+            if self._improves(value, self.best, self.mode):
                 self.best, self.best_epoch, best = value, epoch, True
             if self.save_top_k:
                 self._keep_top_k(epoch, value)
@@ -173,9 +180,7 @@ class ModelCheckpoint(Callback):
     def on_train_end(self, logs=None):
         t = self.trainer
         if self._paddle():
-            from .hapi_callbacks import paddle_checkpoint_train_end
-
-            return paddle_checkpoint_train_end(self)
+            return self._paddle_save("final")
         if getattr(t, "terminated_on_nan", None) is not None:
             return  # TerminateOnNaN: the weights are broken; the last good checkpoint stays latest
         if self.save_last and self._last_saved_step != t.global_step and t.global_step > 0:
@@ -208,8 +213,6 @@ class ModelCheckpoint(Callback):
 
     # -- writing (run by the Trainer after all callbacks, see Note [checkpoint timing]) ----
     def _write(self, name: str, best: bool, periodic: bool) -> None:
-        from .checkpoint import atomic_alias
-
         if self._dcp():
             return self._write_dcp(name, best, periodic)
         path = self.directory / name
@@ -226,9 +229,6 @@ class ModelCheckpoint(Callback):
                     old.unlink(missing_ok=True)
 
     def _write_dcp(self, name: str, best: bool, periodic: bool) -> None:
-        from ..utils.atomic import atomic_write_text
-        from .dcp_state import save_dcp
-
         self._finish()  # at most one save in flight; it commits before the next starts
         # the new name is already listed: an async save keeps one more until it has committed
         self._prune(1 if self.async_save and periodic else 0)
@@ -245,8 +245,6 @@ class ModelCheckpoint(Callback):
 
     def _prune(self, extra: int) -> None:
         """Delete the oldest periodic checkpoint directories beyond ``keep_last`` (+ ``extra``), never ``best``."""
-        import shutil
-
         if self.keep_last is None:
             return
         rank0 = is_rank_zero()

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .callback_base import Callback, is_rank_zero
+from ...distributed import collective
+from .base import Callback, is_rank_zero
 
 __all__ = ["TerminateOnNaN", "NonFiniteLossError"]
 
@@ -87,8 +88,6 @@ class TerminateOnNaN(Callback):
 
 def _agree(bad: torch.Tensor, device: torch.device) -> list[int]:
     """Ranks whose loss is not finite, the same list on every rank (one all-reduce when several run)."""
-    from ..distributed import collective
-
     world = collective.get_world_size()
     if world == 1 or not collective.is_initialized():
         return [0] if bool(bad) else []

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .callback_base import Callback
+from .base import Callback
 
 __all__ = ["EMA"]
 
@@ -55,8 +56,6 @@ class EMA(Callback):
         self._pending_state: dict[str, Any] | None = None
 
     def _build(self) -> None:
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
         if self.averaged is None:
             self.averaged = AveragedModel(self.trainer.network, multi_avg_fn=get_ema_multi_avg_fn(self.decay),
                                           use_buffers=self.use_buffers)

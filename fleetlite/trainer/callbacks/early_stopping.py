@@ -1,38 +1,19 @@
-"""``EarlyStopping`` (Keras 3 semantics), public through :mod:`fleetlite.callbacks`."""
+"""``EarlyStopping``: Keras 3 semantics (Paddle's under ``fleetlite.Model``); public in :mod:`fleetlite.callbacks`."""
 
 from __future__ import annotations
 
-import math
+import os
 import warnings
 from typing import Any
 
-from ..utils.user_warning import warn_user
-from .callback_base import Callback, is_rank_zero
+from ...utils.user_warning import warn_user
+from .base import Callback, is_rank_zero
+from .monitor import MonitorMixin, missing_monitor, monitor_value, resolve_mode
 
-__all__ = ["EarlyStopping", "resolve_mode", "missing_monitor"]
-
-
-def resolve_mode(mode: str, monitor: str) -> str:
-    """``"min"``/``"max"``; ``"auto"`` is ``"max"`` for accuracy-like names, else ``"min"``."""
-    if mode not in ("auto", "min", "max"):
-        raise ValueError(f"mode={mode!r} is not one of 'auto', 'min', 'max'")
-    if mode != "auto":
-        return mode
-    name = monitor.lower()
-    return "max" if any(s in name for s in ("acc", "auc", "precision", "recall", "f1")) else "min"
+__all__ = ["EarlyStopping"]
 
 
-def missing_monitor(monitor: str, logs: dict[str, Any] | None, params: dict[str, Any] | None = None) -> bool:
-    """True when ``monitor`` is not in epoch ``logs`` although it should be; an epoch that was simply not
-    evaluated (``params["eval_freq"]`` set, no ``val_*`` value in its logs) does not count."""
-    logs = logs or {}
-    if monitor in logs:
-        return False
-    evaluated = any(k.startswith("val_") for k in logs)
-    return not (monitor.startswith("val_") and not evaluated and (params or {}).get("eval_freq"))
-
-
-class EarlyStopping(Callback):
+class EarlyStopping(MonitorMixin, Callback):
     """Stop training when ``monitor`` has stopped improving (Paddle's signature and, under ``fleetlite.Model``,
     Paddle's behaviour).
 
@@ -90,27 +71,18 @@ class EarlyStopping(Callback):
     def _reset(self) -> None:
         self.wait = 0
         self.stopped_epoch = 0
-        self.best = math.inf if self.mode == "min" else -math.inf
+        self.best = self._worst(self.mode)
         self.best_epoch = 0
         self.best_weights: dict[str, Any] | None = None
 
-    def _improves(self, value: float, reference: float) -> bool:
-        if self.mode == "min":
-            return value < reference - self.min_delta
-        return value > reference + self.min_delta
-
     def on_train_begin(self, logs=None):
         if getattr(self.trainer, "_paddle_hapi", False):
-            from .hapi_callbacks import paddle_early_stopping_begin
-
-            return paddle_early_stopping_begin(self)
+            return self._paddle_begin()
         self._reset()
 
     def on_eval_end(self, logs=None):
         if getattr(self.trainer, "_paddle_hapi", False) and getattr(self.trainer, "fitting", False):
-            from .hapi_callbacks import paddle_early_stopping_eval_end
-
-            paddle_early_stopping_eval_end(self, logs)
+            self._paddle_eval_end(logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if getattr(self.trainer, "_paddle_hapi", False):
@@ -128,12 +100,12 @@ class EarlyStopping(Callback):
         if self.restore_best_weights and self.best_weights is None:
             self.best_weights = self.trainer.get_weights()
         self.wait += 1
-        if self._improves(value, self.best):
+        if self._improves(value, self.best, self.mode):
             self.best = value
             self.best_epoch = epoch
             if self.restore_best_weights:
                 self.best_weights = self.trainer.get_weights()
-            if self.baseline is None or self._improves(value, self.baseline):
+            if self.baseline is None or self._improves(value, self.baseline, self.mode):
                 self.wait = 0
         # unlike Keras 3, epochs that improve but stay short of the baseline count against patience (as documented)
         if self.wait > 0 and self.wait >= self.patience and epoch > 0:
@@ -161,3 +133,39 @@ class EarlyStopping(Callback):
         self.best = state["best"]
         self.best_epoch = state["best_epoch"]
         self.best_weights = state["best_weights"]
+
+    # -- Paddle's rule (under fleetlite.Model): acts after each evaluation of fit ------------------------------
+    def _paddle_begin(self) -> None:
+        self.monitor = "loss" if self._monitor_given is None else self._monitor_given
+        self._greater = resolve_mode(self._mode_arg, self.monitor, rule="paddle") == "max"
+        self.wait_epoch = 0
+        self.stopped_epoch = 0
+        if self.baseline is not None:
+            self.best_value = self.baseline
+        else:
+            self.best_value = self._worst("max" if self._greater else "min")
+            self.best_weights = None
+
+    def _paddle_eval_end(self, logs) -> None:
+        """Paddle's ``EarlyStopping.on_eval_end``, rule for rule."""
+        if logs is None or self.monitor not in logs:
+            warnings.warn("Monitor of EarlyStopping should be loss or metric name.", stacklevel=3)
+            return
+        current = monitor_value(logs, self.monitor)
+        if current is None:
+            return
+        if self._improves(current, self.best_value, "max" if self._greater else "min"):
+            self.best_value = current
+            self.wait_epoch = 0
+            if self.save_best_model and self.save_dir is not None:
+                self.trainer.save(os.path.join(self.save_dir, "best_model"))
+        else:
+            self.wait_epoch += 1
+        if self.wait_epoch >= self.patience:
+            self.trainer.stop_training = True
+            if self.verbose > 0 and is_rank_zero():
+                print(f"Epoch {self.stopped_epoch + 1}: Early stopping.")
+                if self.save_best_model and self.save_dir is not None:
+                    best = os.path.abspath(os.path.join(self.save_dir, "best_model"))
+                    print(f"Best checkpoint has been saved at {best}")
+        self.stopped_epoch += 1

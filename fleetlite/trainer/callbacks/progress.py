@@ -10,9 +10,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .callback_base import Callback, is_rank_zero
+from .base import Callback, is_rank_zero, to_python
 
-__all__ = ["ProgressBar", "format_logs", "epoch_label"]
+__all__ = ["ProgressBar", "ProgBarLogger", "format_logs", "epoch_label"]
 
 
 def epoch_label(epoch: int, epochs: int | None, paddle: bool = False) -> str:
@@ -24,21 +24,17 @@ def epoch_label(epoch: int, epochs: int | None, paddle: bool = False) -> str:
     return f"Epoch {epoch}/{epochs - 1 if isinstance(epochs, int) else '?'}"
 
 
-def _value(v: Any) -> Any:
-    return v.item() if hasattr(v, "item") else v
-
-
 def format_logs(logs: dict[str, Any] | None, skip: tuple[str, ...] = ("batch_size",)) -> str:
     """``"loss: 0.1234 - acc: 0.5000"`` from a logs dict (tensors and lists welcome)."""
     parts = []
     for k, v in (logs or {}).items():
         if k in skip:
             continue
-        v = _value(v)
+        v = to_python(v)
         if isinstance(v, float):
             parts.append(f"{k}: {v:.4f}")
         elif isinstance(v, (list, tuple)):
-            parts.append(f"{k}: " + "/".join(f"{_value(x):.4f}" for x in v))
+            parts.append(f"{k}: " + "/".join(f"{to_python(x):.4f}" for x in v))
         else:
             parts.append(f"{k}: {v}")
     return " - ".join(parts)
@@ -121,6 +117,7 @@ class ProgressBar(Callback):
             self._start_rich()
 
     def _start_rich(self) -> None:
+        # rich is optional and slow to import: only when a terminal display is actually started
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
         from rich.table import Column
@@ -138,7 +135,7 @@ class ProgressBar(Callback):
         if not self._active:
             return
         self._done = step + 1
-        self._samples += float(_value((logs or {}).get("batch_size", 0))) * self._world
+        self._samples += float(to_python((logs or {}).get("batch_size", 0))) * self._world
         if self._done % self._freq() and self._done != self._total:
             if self._progress is not None:
                 self._progress.update(self._task, completed=self._done)
@@ -175,3 +172,15 @@ class ProgressBar(Callback):
     def on_predict_end(self, logs=None):
         if self.verbose > 1 and is_rank_zero():
             self._line(f"Predict - {format_logs(logs)}")
+
+
+class ProgBarLogger(ProgressBar):
+    """Paddle's ``ProgBarLogger(log_freq=1, verbose=2)``: the progress display under Paddle's name and defaults.
+
+    Example::
+
+        model.fit(train_set, batch_size=64, callbacks=ProgBarLogger(log_freq=10))
+    """
+
+    def __init__(self, log_freq: int = 1, verbose: int = 2) -> None:
+        super().__init__(log_freq=log_freq, verbose=verbose)

@@ -53,6 +53,7 @@ import torch
 import torch.distributed as tdist
 
 from ...distributed import collective
+from ...distributed.agreement import side_group
 from .base import Callback, is_rank_zero
 from .model_checkpoint import ModelCheckpoint
 
@@ -60,18 +61,6 @@ __all__ = ["Preemption"]
 
 _MAX_INTERVAL = 10_000  # optimizer steps between two agreements, at most
 _REPEAT_S = 1.0  # a second SIGINT sooner than this is the same Ctrl-C arriving twice (Note [second Ctrl-C])
-_groups: dict[int, Any] = {}  # id(default group) -> the agreement group made for it
-
-
-def _agreement_group():
-    """A gloo group over every rank for the agreement, made once per default process group (a collective call:
-    every rank reaches it in its first ``fit`` with a Preemption callback)."""
-    world = tdist.distributed_c10d._get_default_group()
-    key = id(world)
-    if key not in _groups:
-        _groups.clear()  # a group of an earlier, destroyed default group is unusable
-        _groups[key] = (world, tdist.new_group(backend="gloo"))
-    return _groups[key][1]
 
 
 class Preemption(Callback):
@@ -223,7 +212,7 @@ class Preemption(Callback):
             warnings.warn("fleetlite: Preemption has no checkpoint directory (no ModelCheckpoint, no "
                           "save_dir): on SIGTERM or Ctrl-C training stops without a checkpoint", stacklevel=2)
         if collective.is_initialized() and collective.get_world_size() > 1:
-            self._group = _agreement_group()
+            self._group = side_group("preemption")
         self._install()
 
     def on_train_batch_end(self, step, logs=None):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ...distributed import collective
+from ...distributed.agreement import flagged_ranks
 from .base import Callback, is_rank_zero
 
 __all__ = ["TerminateOnNaN", "NonFiniteLossError"]
@@ -70,7 +70,7 @@ class TerminateOnNaN(Callback):
         loss = logs["loss"]
         value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         bad = ~torch.isfinite(value.to(torch.float64)).all()
-        ranks = _agree(bad, t.device)
+        ranks = flagged_ranks(bad, t.device)
         if not ranks:
             return
         t.terminated_on_nan = t.global_step
@@ -84,14 +84,3 @@ class TerminateOnNaN(Callback):
             raise NonFiniteLossError(message, t.global_step, ranks)
         if is_rank_zero():
             print(f"Batch {step}: invalid loss, terminating training ({message})")
-
-
-def _agree(bad: torch.Tensor, device: torch.device) -> list[int]:
-    """Ranks whose loss is not finite, the same list on every rank (one all-reduce when several run)."""
-    world = collective.get_world_size()
-    if world == 1 or not collective.is_initialized():
-        return [0] if bool(bad) else []
-    flags = torch.zeros(world, dtype=torch.float32, device=device)
-    flags[collective.get_rank()] = bad.to(device=device, dtype=torch.float32)
-    collective.all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]

@@ -5,13 +5,12 @@ model with ``fleet.distributed_model`` and the optimizer with
 ``fleet.distributed_optimizer`` using the strategy, single-process and
 multi-process alike (with one rank the engine is a pass-through).
 
-# Note [trainer gradient merge]
-The Trainer does gradient accumulation itself (``accumulate_grad_batches``,
-or ``strategy.gradient_merge``'s ``k_steps``/``avg``): it runs the first
-micro-batches under ``no_sync()``, steps the optimizer at the boundary and
-always at the end of an epoch, and checkpoints only at boundaries. The
-fleet is therefore started with ``gradient_merge`` switched off, so the
-optimizer does not merge a second time.
+# Note [trainer strategy]
+The Trainer starts the fleet with its whole strategy (``fleet.init(...,
+by_trainer=True)``), gradient merge included: that is the optimizer's window,
+driven by the Trainer's loop (Note [gradient merge window]). A Trainer built
+without a strategy takes the one the user gave ``fleet.init``
+(``fleet.user_strategy()``), never one an earlier Trainer left.
 """
 
 from __future__ import annotations
@@ -119,10 +118,6 @@ def _eager_recompute(network: nn.Module) -> None:
             m._compiled_call_impl = torch.compiler.disable(m._call_impl)
 
 
-# the strategy the last Trainer passed to fleet.init, so that a later Trainer(strategy=None) does not inherit it
-_trainer_set_strategy: dict[str, Any] = {}
-
-
 class Connector:
     """Environment, strategy and wrapping for one Trainer.
 
@@ -137,21 +132,14 @@ class Connector:
         self.compile = compile_options(compile)
         self.user_strategy = strategy
         self.strategy = None  # the resolved DistributedStrategy (as the user gave it)
-        self.accumulate = 1
-        self.accumulate_avg = True
         self._started = False
 
     def _resolve_strategy(self):
         from ..distributed import fleet
 
         s = self.user_strategy
-        if s is None:
-            # a strategy the user gave fleet.init applies; one left by an earlier Trainer's own fleet.init does not
-            if fleet.is_initialized():
-                current = fleet.get_strategy()
-                if current.to_dict() != _trainer_set_strategy.get("dict"):
-                    return current
-            return fleet.DistributedStrategy()
+        if s is None:  # a strategy the user gave fleet.init applies (Note [trainer strategy])
+            return fleet.user_strategy() or fleet.DistributedStrategy()
         if isinstance(s, fleet.DistributedStrategy):
             return copy.deepcopy(s)
         if isinstance(s, dict) or hasattr(s, "items"):
@@ -160,26 +148,25 @@ class Connector:
                         f"{type(s).__name__}")
 
     def start(self) -> None:
-        """``fleet.init`` with the strategy (gradient merge handled by the Trainer, Note [trainer gradient merge])."""
+        """Resolve the strategy and start the process group (``fleet.init`` unless the user called it)."""
         if self._started:
             return
         from ..distributed import fleet
 
         self.strategy = self._resolve_strategy()
-        run = copy.deepcopy(self.strategy)
-        if run.gradient_merge:
-            self.accumulate = int(run.gradient_merge_configs["k_steps"])
-            self.accumulate_avg = bool(run.gradient_merge_configs["avg"])
-            run.gradient_merge = False
         with warnings.catch_warnings():  # one process is a normal Trainer run, not a launch mistake: no warning
             warnings.filterwarnings("ignore", message=re.escape("fleetlite: world size is 1"))
-            fleet.init(is_collective=True, strategy=run)
-        _trainer_set_strategy["dict"] = run.to_dict()
+            fleet.init(is_collective=True, strategy=self.strategy, by_trainer=True)  # Note [trainer strategy]
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
             from ..distributed.env import ParallelEnv
 
             self.device = ParallelEnv().device
         self._started = True
+
+    @property
+    def started(self) -> bool:
+        """Whether the strategy is resolved and fleet started (the strategy can no longer change)."""
+        return self._started
 
     @property
     def world_size(self) -> int:
@@ -213,6 +200,8 @@ class Connector:
         return wrapped, wrapped.module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
+        """The optimizer wrapped with the strategy (a ``DistributedOptimizer``, as ``fleet.distributed_optimizer``)
+        and attached to ``wrapped`` (its gradient-merge window switches the model's gradient sync)."""
         from ..distributed import fleet
 
         self.start()

@@ -186,14 +186,13 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike, strict: bool = T
     return model
 
 
-def remember_example(t, batch: Any) -> None:
-    """Keep two rows of the first batch's inputs on the Trainer (what ``Trainer.export`` traces with)."""
-    if t._export_example is not None:
-        return
+def example_inputs_of_batch(split_batch, batch: Any) -> tuple[torch.Tensor, ...]:
+    """Two rows of a batch's inputs (``split_batch(batch)[0]``), or ``()`` when they are not tensors: what
+    ``Trainer.export`` traces with by default (the Trainer keeps the first batch's as ``example_inputs``)."""
     try:
-        t._export_example = example_inputs_of(t.split_batch(batch)[0])
+        return example_inputs_of(split_batch(batch)[0])
     except (TypeError, IndexError):
-        t._export_example = ()
+        return ()
 
 
 def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool,
@@ -201,7 +200,7 @@ def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dyna
     """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path."""
     from ..distributed import collective
 
-    example = tuple(example_inputs) if example_inputs is not None else (t._export_example or None)
+    example = tuple(example_inputs) if example_inputs is not None else (t.example_inputs or None)
     path = _check(format, Path(path), example)
     full = None
     if hasattr(t.parallel_network, "full_state_dict"):  # sharded (stage 2/3): gather the full weights first

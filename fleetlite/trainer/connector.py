@@ -23,6 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed import collective, fleet
+from ..distributed.env import ParallelEnv
+from ..distributed.faults import check_same_across_ranks
+from ..distributed.fleet.amp import warn_cpu_amp
+from ..distributed.fleet.checkpointing import is_recomputed
+from ..distributed.sharding.model import ShardedDataParallel
+from ..parallel import DataParallel
+
 __all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled",
            "strip_compile_prefix"]
 
@@ -49,7 +57,7 @@ def plain_config(config: Any) -> Any:
     if config is None or isinstance(config, dict):
         return config
     if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # optional (recipes/Hydra): only for a DictConfig
 
         return OmegaConf.to_container(config, resolve=True)
     if hasattr(config, "items"):
@@ -60,8 +68,6 @@ def plain_config(config: Any) -> Any:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
     if device is None or device == "auto":
-        from ..distributed.env import ParallelEnv
-
         return torch.device(ParallelEnv().device)
     try:
         dev = torch.device(device)
@@ -111,8 +117,6 @@ def _eager_recompute(network: nn.Module) -> None:
     statistics exact; ``_compiled_call_impl`` is where ``nn.Module.compile`` puts its compiled call, here
     the eager call behind ``torch.compiler.disable``.
     """
-    from ..distributed.fleet.checkpointing import is_recomputed
-
     for m in network.modules():
         if m is not network and is_recomputed(m):
             m._compiled_call_impl = torch.compiler.disable(m._call_impl)
@@ -135,8 +139,6 @@ class Connector:
         self._started = False
 
     def _resolve_strategy(self):
-        from ..distributed import fleet
-
         s = self.user_strategy
         if s is None:  # a strategy the user gave fleet.init applies (Note [trainer strategy])
             return fleet.user_strategy() or fleet.DistributedStrategy()
@@ -148,45 +150,36 @@ class Connector:
                         f"{type(s).__name__}")
 
     def start(self) -> None:
-        """Resolve the strategy and start the process group (``fleet.init`` unless the user called it)."""
+        """Resolve the strategy and ``fleet.init`` with it (Note [trainer strategy])."""
         if self._started:
             return
-        from ..distributed import fleet
-
         self.strategy = self._resolve_strategy()
         with warnings.catch_warnings():  # one process is a normal Trainer run, not a launch mistake: no warning
             warnings.filterwarnings("ignore", message=re.escape("fleetlite: world size is 1"))
             fleet.init(is_collective=True, strategy=self.strategy, by_trainer=True)  # Note [trainer strategy]
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
-            from ..distributed.env import ParallelEnv
-
             self.device = ParallelEnv().device
         self._started = True
 
-    @property
-    def started(self) -> bool:
-        """Whether the strategy is resolved and fleet started (the strategy can no longer change)."""
-        return self._started
+    def set_strategy(self, strategy: Any, hint: str) -> None:
+        """Replace the strategy before the start; after it a RuntimeError (``hint`` says what to do instead)."""
+        if self._started:
+            raise RuntimeError(f"the strategy cannot change after the Trainer has started (fleet is initialised, "
+                               f"the model wrapped); {hint}")
+        self.user_strategy = strategy
 
     @property
     def world_size(self) -> int:
-        from ..distributed import collective
-
         return collective.get_world_size()
 
     @property
     def rank(self) -> int:
-        from ..distributed import collective
-
         return collective.get_rank()
 
     def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
-        from ..distributed import fleet
-        from ..distributed.sharding.model import ShardedDataParallel
-        from ..parallel import DataParallel
-
         self.start()
+        warn_cpu_amp(self.strategy, self.device)
         if isinstance(network, (DataParallel, ShardedDataParallel)):
             if self.compile is not None and isinstance(network, DataParallel):  # Note [compile in place]
                 network.module.compile(**self.compile)
@@ -202,8 +195,6 @@ class Connector:
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
         """The optimizer wrapped with the strategy (a ``DistributedOptimizer``, as ``fleet.distributed_optimizer``)
         and attached to ``wrapped`` (its gradient-merge window switches the model's gradient sync)."""
-        from ..distributed import fleet
-
         self.start()
         if isinstance(optimizer, fleet.DistributedOptimizer):
             if optimizer.k_steps > 1:
@@ -222,8 +213,6 @@ class Connector:
         """Fail on every rank, showing the differences, when the ranks' configs differ (collective when given)."""
         if config is None or self.world_size == 1:
             return
-        from ..distributed.faults import check_same_across_ranks
-
         check_same_across_ranks("Trainer config", config, hint="build it from the same settings on every rank")
 
     def strategy_dict(self) -> dict[str, Any] | None:

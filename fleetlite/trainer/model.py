@@ -49,8 +49,11 @@ import torch
 from torch import nn
 
 from .clipping import clip_gradients, resolve_grad_clip
+from .data_adapter import DataAdapter
+from .hapi_callbacks import LimitedAdapter, config_fit_callbacks, load_prefix, save_prefix
 from .keras_fit import check_call_order
 from .metrics import Metric
+from .summary import summary
 from .torchmetrics_adapter import is_torchmetric
 from .trainer import Trainer
 
@@ -169,10 +172,7 @@ class Model(Trainer):
                 raise AssertionError(f"{type(m).__name__} is not sub class of Metric")
         strategy = self._amp_strategy(amp_configs)
         if strategy is not None:
-            if self._connector.started:
-                raise RuntimeError("prepare(amp_configs=...) must come before the model first runs (the "
-                                   "distributed engine is already set up)")
-            self._connector.user_strategy = strategy
+            self._connector.set_strategy(strategy, "call prepare(amp_configs=...) before the model first runs")
         self._set_training_objects(optimizer, loss, _to_list(metrics) or None)
         self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
                                                                                               None))
@@ -307,9 +307,6 @@ class Model(Trainer):
         ``{save_dir}/best_model``. An LR scheduler on the optimizer is stepped per batch unless an
         ``LRScheduler`` callback says otherwise.
         """
-        from .data_adapter import DataAdapter
-        from .hapi_callbacks import config_fit_callbacks
-
         if train_data is None:
             raise ValueError("train_data must be given!")
         check_call_order(train_data, eval_data, batch_size, epochs, "paddle")
@@ -337,9 +334,6 @@ class Model(Trainer):
 
         ``num_iters`` evaluates only the first ``num_iters`` batches (of each rank).
         """
-        from .data_adapter import DataAdapter
-        from .hapi_callbacks import LimitedAdapter
-
         check_call_order(None, eval_data, batch_size, 1, "paddle")
         if num_iters is not None:
             data = DataAdapter.build(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
@@ -375,8 +369,6 @@ class Model(Trainer):
         inference (``fleetlite.Trainer.save(path, training=False)``) and needs the model to have run or
         ``inputs`` specs (RuntimeError otherwise, as Paddle).
         """
-        from .hapi_callbacks import save_prefix
-
         save_prefix(self, os.fspath(path), training)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
@@ -385,14 +377,10 @@ class Model(Trainer):
         Entries missing from the file or of another shape raise ValueError, or with ``skip_mismatch`` are
         skipped with a warning. A fleetlite checkpoint file (``.pt``) is accepted as ``path`` too.
         """
-        from .hapi_callbacks import load_prefix
-
         load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer)
 
     def summary(self, input_size: Any = None, dtype: Any = None) -> dict[str, int]:
         """Paddle's ``Model.summary``: per-layer table; returns ``{'total_params', 'trainable_params'}``."""
-        from .summary import summary
-
         if input_size is None and self._inputs is not None:
             input_size = [tuple(getattr(s, "shape", s)) for s in self._inputs]
         return summary(self.network, input_size, dtypes=dtype)

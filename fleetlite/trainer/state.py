@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from .. import __version__
+from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
 from ..distributed import collective
 from ..utils.user_warning import warn_user
 from .checkpoint import LATEST, CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
@@ -71,7 +73,7 @@ def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[s
         "callbacks": trainer.callbacks.state_dict() if trainer.callbacks is not None else {},
         "strategy": None if trainer.strategy is None else trainer.strategy.to_dict(),
         "config": trainer.config,
-        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version(),
+        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": __version__,
                  "optimizer": optimizer_name(trainer.user_optimizer)},
     }
     return state
@@ -126,12 +128,6 @@ def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hin
             raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
                                         f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
                                         f"class; {hint}")
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
@@ -231,8 +227,6 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         return found
     p = Path(resume)
     if p.is_dir():
-        from .. import checkpoint as dcp_ckpt
-
         if dcp_ckpt.is_checkpoint_dir(p):
             dcp_ckpt.validate(p)
             return p
@@ -246,9 +240,7 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
 
 def _newest(directory: str | Path) -> Path | None:
     """The newest valid checkpoint file or sharded checkpoint directory in ``directory``."""
-    from ..checkpoint import find_newest
-
-    return find_newest(directory, require=REQUIRED)
+    return dcp_ckpt.find_newest(directory, require=REQUIRED)
 
 
 def read_resume(path: Path) -> dict[str, Any]:
@@ -257,7 +249,7 @@ def read_resume(path: Path) -> dict[str, Any]:
     state, error = None, None
     try:
         if path.is_dir():
-            from .dcp_state import read_dcp_state
+            from .dcp_state import read_dcp_state  # cycle: dcp_state builds its trainer.pt with this module
 
             state = read_dcp_state(path, REQUIRED)
         else:
@@ -309,7 +301,7 @@ def restore_for_fit(t, path: Path, train) -> ResumePoint:
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-        from .dcp_state import load_dcp_weights
+        from .dcp_state import load_dcp_weights  # cycle: dcp_state builds its trainer.pt with this module
 
         load_dcp_weights(t, path, s)
     else:

@@ -34,9 +34,15 @@ from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState
 from .metrics import Metric
 from .predict_writer import PredictionWriter
+from .summary import summarize
 from .weighting import SampleWeights, weighted_loss
 
 __all__ = ["Trainer"]
+
+
+def _progress(name: str, doc: str) -> property:
+    """A read-only Trainer property showing ``trainer.fit_state.<name>``."""
+    return property(lambda self: getattr(self.fit_state, name), doc=doc)
 
 
 class Trainer:
@@ -125,10 +131,7 @@ class Trainer:
             self.ema = EMA(ema_decay)
         self.grad_clip = resolve_clipping(self.grad_clip, optimizer, grad_clip, clipnorm, clipvalue, global_clipnorm)
         if strategy is not None:
-            if self._connector.started:
-                raise RuntimeError("the strategy cannot change after the Trainer has started (fleet is "
-                                   "initialised); pass it to the Trainer or to the first compile call")
-            self._connector.user_strategy = strategy
+            self._connector.set_strategy(strategy, "pass it to the Trainer or to the first compile call")
         wrapped = self.optimizer if optimizer is None else None
         # arguments not passed keep their values (Trainer(net, loss=...).compile(opt) keeps the loss)
         self._set_training_objects(self.user_optimizer if optimizer is None else optimizer,
@@ -157,33 +160,14 @@ class Trainer:
         """Where run files go: ``fit(save_dir=...)``, else the current directory."""
         return Path(self.save_dir) if self.save_dir is not None else Path.cwd()
 
-    # -- progress (read-only; owned by ``fit_state``) ---------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The running (or last) epoch, 0-based."""
-        return self.fit_state.epoch
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken (a gradient-merge window counts once)."""
-        return self.fit_state.global_step
-
-    @property
-    def batch_in_epoch(self) -> int:
-        return self.fit_state.batch_in_epoch
-
-    @property
-    def epoch_finished(self) -> bool:
-        return self.fit_state.epoch_finished
-
-    @property
-    def at_step_boundary(self) -> bool:
-        """Whether the running batch ends a gradient-merge window (checkpoints are written only there)."""
-        return self.fit_state.at_step_boundary
-
-    @property
-    def fitting(self) -> bool:
-        return self.fit_state.fitting
+    # -- progress: read-only views of ``fit_state`` (the loops move it, checkpoints save it) ----------------------
+    epoch = _progress("epoch", "The running (or last) epoch, 0-based.")
+    global_step = _progress("global_step", "Optimizer steps taken (a gradient-merge window counts once).")
+    batch_in_epoch = _progress("batch_in_epoch", "Batches of the running epoch done.")
+    epoch_finished = _progress("epoch_finished", "Whether the running epoch has ended.")
+    at_step_boundary = _progress("at_step_boundary", "Whether the running batch ends a gradient-merge window "
+                                 "(the optimizer steps; checkpoints are written only there).")
+    fitting = _progress("fitting", "Whether fit is running.")
 
     @property
     def callbacks(self) -> CallbackList | None:
@@ -195,9 +179,6 @@ class Trainer:
         if self.parallel_network is None:
             self._connector.start()
             self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
-            from ..distributed.fleet.amp import warn_cpu_amp
-
-            warn_cpu_amp(self.strategy, self.device)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
         if training:
             if self.user_optimizer is None:
@@ -303,13 +284,11 @@ class Trainer:
         Keras' ``validation_split``, ``steps_per_epoch``, ``validation_steps``, ``initial_epoch``, ``eval_steps``: see
         :mod:`fleetlite.trainer.keras_fit`; ``class_weight``, ``sample_weight``: :mod:`fleetlite.trainer.weighting`.
 
-        ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``,
-        falling back with a warning), ``"auto"`` (same, or a fresh start), a
-        checkpoint file, or a directory; ``None`` starts fresh and warns when
-        ``save_dir`` already holds an earlier run's checkpoints (they get
-        overwritten), ``False`` starts fresh without a word. Everything is
-        restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
-        total optimizer steps; ``seed`` seeds the shuffle of a Dataset.
+        ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``, falling back with a warning), ``"auto"``
+        (same, or a fresh start), a checkpoint file, or a directory; ``None`` starts fresh and warns when ``save_dir``
+        already holds an earlier run's checkpoints (they get overwritten), ``False`` starts fresh without a word.
+        Everything is restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
+        total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation: :mod:`~.fit_setup`.)
         """
         train, evaluation, cbs, plan, point = prepare_fit(
             self, train_data, eval_data, epochs, batch_size, eval_freq, log_freq, callbacks, shuffle, drop_last,
@@ -401,24 +380,20 @@ class Trainer:
                config: Any = None) -> Path:
         """Export the model for inference: ``safetensors`` weights, a ``torch.export`` ``.pt2`` or ``onnx``.
 
-        The config goes alongside (``<stem>.json``); the batch size stays dynamic. ``example_inputs``
-        default to two rows of the first batch fit/evaluate/predict saw; ``config`` (default: the
-        Trainer's) is what goes alongside. See :mod:`fleetlite.trainer.export`.
+        The config (default: the Trainer's) goes alongside (``<stem>.json``); the batch size stays dynamic.
+        ``example_inputs`` default to two rows of the first batch seen. See :mod:`fleetlite.trainer.export`.
         """
         return export.trainer_export(self, path, format, example_inputs, dynamic_batch, config)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.
 
-        ``skip_mismatch`` skips (with a warning) entries whose name or shape
-        does not match the model instead of failing. Training progress is not
-        restored: use ``fit(resume=path)`` for that.
+        ``skip_mismatch`` skips (with a warning) entries whose name or shape does not match the model instead of
+        failing. Training progress is not restored: use ``fit(resume=path)`` for that.
         """
         state.load_weights(self, path, skip_mismatch, reset_optimizer)
         return self
 
     def summary(self, print_table: bool = True) -> dict[str, Any]:
         """Parameter counts per layer (a rich table on rank 0); returns total/trainable counts and the rows."""
-        from .summary import summarize
-
         return summarize(self.network, print_table=print_table)

@@ -106,8 +106,9 @@ class GradientMerge:
         return self.k if self.avg and not self.is_driven else 1
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """A driver's micro-batch loss: divided by ``k`` when averaging (the gradients then need no division)."""
-        return loss / self.k if self.k > 1 and self.avg else loss
+        """A driver's micro-batch loss: divided by ``k`` when averaging (the gradients then need no division);
+        unchanged when not driven (the step divides the gradients)."""
+        return loss / self.k if self.is_driven and self.k > 1 and self.avg else loss
 
     def flush(self, params: Iterable[torch.Tensor]) -> None:
         """Close a window left open when the data ended inside it: all-reduce the gradients accumulated without

@@ -214,6 +214,3 @@ class Connector:
         if config is None or self.world_size == 1:
             return
         check_same_across_ranks("Trainer config", config, hint="build it from the same settings on every rank")
-
-    def strategy_dict(self) -> dict[str, Any] | None:
-        return None if self.strategy is None else self.strategy.to_dict()

@@ -64,7 +64,7 @@ def _poll_cost(polls: int) -> float:
     from fleetlite.callbacks import Preemption
 
     class _T:  # the few attributes the callback touches
-        _callbacks = None
+        callbacks = None
         save_dir = None
         global_step = 0
         at_step_boundary = True

@@ -44,8 +44,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from ..distributed import ParallelEnv
 from ..utils.atomic import atomic_open, fsync_dir, temp_name
 from ..utils.user_warning import warn_user
 
@@ -332,8 +334,6 @@ def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[st
 # -- RNG states ------------------------------------------------------------------
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG states (torch CPU and CUDA, python ``random``, numpy) as checkpoint-safe values."""
-    import numpy as np
-
     kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -348,15 +348,11 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def _rank_cuda_device() -> torch.device:
-    from ..distributed import ParallelEnv
-
     return ParallelEnv().device
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Restore states captured by :func:`capture_rng_state`."""
-    import numpy as np
-
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

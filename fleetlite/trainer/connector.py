@@ -5,13 +5,12 @@ model with ``fleet.distributed_model`` and the optimizer with
 ``fleet.distributed_optimizer`` using the strategy, single-process and
 multi-process alike (with one rank the engine is a pass-through).
 
-# Note [trainer gradient merge]
-The Trainer does gradient accumulation itself (``accumulate_grad_batches``,
-or ``strategy.gradient_merge``'s ``k_steps``/``avg``): it runs the first
-micro-batches under ``no_sync()``, steps the optimizer at the boundary and
-always at the end of an epoch, and checkpoints only at boundaries. The
-fleet is therefore started with ``gradient_merge`` switched off, so the
-optimizer does not merge a second time.
+# Note [trainer strategy]
+The Trainer starts the fleet with its whole strategy (``fleet.init(...,
+by_trainer=True)``), gradient merge included: that is the optimizer's window,
+driven by the Trainer's loop (Note [gradient merge window]). A Trainer built
+without a strategy takes the one the user gave ``fleet.init``
+(``fleet.user_strategy()``), never one an earlier Trainer left.
 """
 
 from __future__ import annotations
@@ -23,6 +22,13 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..distributed import ParallelEnv, collective, fleet
+from ..distributed.agreement import check_same_across_ranks
+from ..distributed.fleet.amp import warn_cpu_amp
+from ..distributed.fleet.recompute import is_recomputed
+from ..parallel import DataParallel
+from ..parallel.sharded import ShardedDataParallel
 
 __all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled",
            "strip_compile_prefix"]
@@ -50,7 +56,7 @@ def plain_config(config: Any) -> Any:
     if config is None or isinstance(config, dict):
         return config
     if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # optional (recipes/Hydra): only for a DictConfig
 
         return OmegaConf.to_container(config, resolve=True)
     if hasattr(config, "items"):
@@ -61,8 +67,6 @@ def plain_config(config: Any) -> Any:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
     if device is None or device == "auto":
-        from ..distributed import ParallelEnv
-
         return torch.device(ParallelEnv().device)
     try:
         dev = torch.device(device)
@@ -112,15 +116,9 @@ def _eager_recompute(network: nn.Module) -> None:
     statistics exact; ``_compiled_call_impl`` is where ``nn.Module.compile`` puts its compiled call, here
     the eager call behind ``torch.compiler.disable``.
     """
-    from ..distributed.fleet.recompute import is_recomputed
-
     for m in network.modules():
         if m is not network and is_recomputed(m):
             m._compiled_call_impl = torch.compiler.disable(m._call_impl)
-
-
-# the strategy the last Trainer passed to fleet.init, so that a later Trainer(strategy=None) does not inherit it
-_trainer_set_strategy: dict[str, Any] = {}
 
 
 class Connector:
@@ -137,21 +135,12 @@ class Connector:
         self.compile = compile_options(compile)
         self.user_strategy = strategy
         self.strategy = None  # the resolved DistributedStrategy (as the user gave it)
-        self.accumulate = 1
-        self.accumulate_avg = True
         self._started = False
 
     def _resolve_strategy(self):
-        from ..distributed import fleet
-
         s = self.user_strategy
-        if s is None:
-            # a strategy the user gave fleet.init applies; one left by an earlier Trainer's own fleet.init does not
-            if fleet.is_initialized():
-                current = fleet.get_strategy()
-                if current.to_dict() != _trainer_set_strategy.get("dict"):
-                    return current
-            return fleet.DistributedStrategy()
+        if s is None:  # a strategy the user gave fleet.init applies (Note [trainer strategy])
+            return fleet.user_strategy() or fleet.DistributedStrategy()
         if isinstance(s, fleet.DistributedStrategy):
             return copy.deepcopy(s)
         if isinstance(s, dict) or hasattr(s, "items"):
@@ -160,46 +149,36 @@ class Connector:
                         f"{type(s).__name__}")
 
     def start(self) -> None:
-        """``fleet.init`` with the strategy (gradient merge handled by the Trainer, Note [trainer gradient merge])."""
+        """Resolve the strategy and ``fleet.init`` with it (Note [trainer strategy])."""
         if self._started:
             return
-        from ..distributed import fleet
-
         self.strategy = self._resolve_strategy()
-        run = copy.deepcopy(self.strategy)
-        if run.gradient_merge:
-            self.accumulate = int(run.gradient_merge_configs["k_steps"])
-            self.accumulate_avg = bool(run.gradient_merge_configs["avg"])
-            run.gradient_merge = False
         with warnings.catch_warnings():  # one process is a normal Trainer run, not a launch mistake: no warning
             warnings.filterwarnings("ignore", message=re.escape("fleetlite: world size is 1"))
-            fleet.init(is_collective=True, strategy=run)
-        _trainer_set_strategy["dict"] = run.to_dict()
+            fleet.init(is_collective=True, strategy=self.strategy, by_trainer=True)  # Note [trainer strategy]
         if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
-            from ..distributed import ParallelEnv
-
             self.device = ParallelEnv().device
         self._started = True
 
+    def set_strategy(self, strategy: Any, hint: str) -> None:
+        """Replace the strategy before the start; after it a RuntimeError (``hint`` says what to do instead)."""
+        if self._started:
+            raise RuntimeError(f"the strategy cannot change after the Trainer has started (fleet is initialised, "
+                               f"the model wrapped); {hint}")
+        self.user_strategy = strategy
+
     @property
     def world_size(self) -> int:
-        from ..distributed import collective
-
         return collective.get_world_size()
 
     @property
     def rank(self) -> int:
-        from ..distributed import collective
-
         return collective.get_rank()
 
     def setup_model(self, network: nn.Module) -> tuple[nn.Module, nn.Module]:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
-        from ..distributed import fleet
-        from ..parallel import DataParallel
-        from ..parallel.sharded import ShardedDataParallel
-
         self.start()
+        warn_cpu_amp(self.strategy, self.device)
         if isinstance(network, (DataParallel, ShardedDataParallel)):
             if self.compile is not None and isinstance(network, DataParallel):  # Note [compile in place]
                 network.module.compile(**self.compile)
@@ -213,8 +192,8 @@ class Connector:
         return wrapped, wrapped.module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
-        from ..distributed import fleet
-
+        """The optimizer wrapped with the strategy (a ``DistributedOptimizer``, as ``fleet.distributed_optimizer``)
+        and attached to ``wrapped`` (its gradient-merge window switches the model's gradient sync)."""
         self.start()
         if isinstance(optimizer, fleet.DistributedOptimizer):
             if optimizer.k_steps > 1:
@@ -233,9 +212,4 @@ class Connector:
         """Fail on every rank, showing the differences, when the ranks' configs differ (collective when given)."""
         if config is None or self.world_size == 1:
             return
-        from ..distributed.agreement import check_same_across_ranks
-
         check_same_across_ranks("Trainer config", config, hint="build it from the same settings on every rank")
-
-    def strategy_dict(self) -> dict[str, Any] | None:
-        return None if self.strategy is None else self.strategy.to_dict()

@@ -15,7 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .state import build_state
 
 __all__ = ["save_dcp", "read_dcp_state", "load_dcp_weights", "TRAINER_FILE"]
 
@@ -37,8 +46,6 @@ def _optimizer(trainer):
 
 
 def _app_state(trainer) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
     module = _module(trainer)
     state = {"model": get_model_state_dict(module)}
     opt = _optimizer(trainer)
@@ -53,9 +60,6 @@ def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = 
     The model and optimizer shards are staged (copied) before this returns, so training may go on while an
     async save writes them.
     """
-    from .. import checkpoint as dcp_ckpt
-    from .state import build_state
-
     if not trainer.at_step_boundary:
         raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
     keep_optimizer = trainer.optimizer is not None and _optimizer(trainer) is None
@@ -69,18 +73,12 @@ def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = 
 
 def read_dcp_state(path: Path, require) -> dict[str, Any]:
     """The Trainer entries (``trainer.pt``) of a validated checkpoint directory."""
-    from .. import checkpoint as dcp_ckpt
-
     dcp_ckpt.validate(path)
     return load_checkpoint(path / TRAINER_FILE, require=require)
 
 
 def load_dcp_weights(trainer, path: Path, state: dict[str, Any]) -> None:
     """Load the model (and optimizer) shards of ``path`` into the trainer's model and optimizer (collective)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    from .. import checkpoint as dcp_ckpt
-
     app = _app_state(trainer)
     consolidated = state.get("optimizer")  # a stage-1 run's optimizer, in trainer.pt (index-keyed, torch's format)
     if consolidated is not None or trainer.optimizer is None:

@@ -20,8 +20,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed import collective
 from ..utils.atomic import atomic_open, atomic_write_text, fsync_dir, temp_name
+from .connector import strip_compile_prefix
+from .state import model_state
 
 __all__ = ["FORMATS", "export_model", "load_safetensors", "read_config", "config_path", "example_inputs_of",
            "require"]
@@ -42,8 +47,6 @@ _EXTRAS = {"safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnx", "
 
 def require(module: str, what: str, extra: str | None = None):
     """Import an optional dependency, or raise a one-line ImportError naming the extra that installs it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -174,34 +177,27 @@ def _save_onnx(model: nn.Module, path: Path, example_inputs: tuple, dynamic_batc
 
 def load_safetensors(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> nn.Module:
     """Load weights written by ``export(format="safetensors")`` into ``model``; returns ``model``."""
-    from .connector import strip_compile_prefix
-
     st = require("safetensors.torch", "loading a .safetensors file", "safetensors")
     missing, unexpected = model.load_state_dict(strip_compile_prefix(st.load_file(str(path))), strict=strict)
     if not strict and (missing or unexpected):
-        import warnings
-
         warnings.warn(f"fleetlite: {path}: missing {sorted(missing)[:10]}, unexpected {sorted(unexpected)[:10]}",
                       stacklevel=2)
     return model
 
 
-def remember_example(t, batch: Any) -> None:
-    """Keep two rows of the first batch's inputs on the Trainer (what ``Trainer.export`` traces with)."""
-    if t._export_example is not None:
-        return
+def example_inputs_of_batch(split_batch, batch: Any) -> tuple[torch.Tensor, ...]:
+    """Two rows of a batch's inputs (``split_batch(batch)[0]``), or ``()`` when they are not tensors: what
+    ``Trainer.export`` traces with by default (the Trainer keeps the first batch's as ``example_inputs``)."""
     try:
-        t._export_example = example_inputs_of(t.split_batch(batch)[0])
+        return example_inputs_of(split_batch(batch)[0])
     except (TypeError, IndexError):
-        t._export_example = ()
+        return ()
 
 
 def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool,
                    config: Any = None) -> Path:
     """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path."""
-    from ..distributed import collective
-
-    example = tuple(example_inputs) if example_inputs is not None else (t._export_example or None)
+    example = tuple(example_inputs) if example_inputs is not None else (t.example_inputs or None)
     path = _check(format, Path(path), example)
     full = None
     if hasattr(t.parallel_network, "full_state_dict"):  # sharded (stage 2/3): gather the full weights first
@@ -209,8 +205,6 @@ def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dyna
             raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) model is not supported: export "
                              "format='safetensors', load it into a plain model (fleetlite.trainer.export."
                              "load_safetensors) and export that")
-        from .state import model_state
-
         full = model_state(t, rank0_only=True)  # collective: every rank takes part
     error = None
     if collective.get_rank() == 0:

@@ -46,7 +46,7 @@ def save_prefix(model, path: str, training: bool) -> None:
         if not model._ran and model._inputs is None:
             raise RuntimeError("Model.save(training=False) needs the input shapes: pass Model(net, inputs=[...]) "
                                "or run the model first (fit, evaluate, predict or a *_batch call)")
-        model._prepare(training=False)
+        model.setup()
         Trainer.save(model, path, training=False)
         return
     if not is_rank_zero():
@@ -89,5 +89,5 @@ def load_prefix(model, path: str, skip_mismatch: bool, reset_optimizer: bool) ->
     model.network.load_state_dict(matched, strict=False)
     opt_path = prefix + ".pdopt"
     if not reset_optimizer and os.path.isfile(opt_path) and model.user_optimizer is not None:
-        model._prepare(training=False)
+        model.setup()
         model.optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=False))

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from .data_adapter import DataAdapter, build_adapter
+from .connector import check_positive
+from .data_adapter import LimitedAdapter, build_adapter
 
-__all__ = ["apply_keras_options", "check_call_order", "evaluate_in_epoch"]
+__all__ = ["apply_keras_options", "check_call_order"]
 
 
 def _split(data: Any, fraction: float) -> tuple[Any, Any]:
@@ -47,16 +48,11 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
                         drop_last: bool, num_workers: int, seed: int, validation_split: float,
                         steps_per_epoch: int | None, validation_steps: int | None,
                         initial_epoch: int, eval_steps: int | None = None) -> tuple[Any, Any]:
-    """The (train, eval) data after the Keras options; sets ``trainer._initial_epoch``/``_eval_steps``."""
-    from .connector import check_positive
-    from .data_adapter import LimitedAdapter
-
+    """The (train, eval) data after the Keras options (checked; ``initial_epoch``/``eval_steps`` go to the loop)."""
     check_positive(steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, eval_steps=eval_steps)
-    trainer._eval_steps = eval_steps
     trainer.step_evaluations = []
     if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
         raise ValueError(f"initial_epoch={initial_epoch!r} must be an integer >= 0")
-    trainer._initial_epoch = initial_epoch
     if validation_split:
         if not 0.0 < float(validation_split) < 1.0:
             raise ValueError(f"validation_split={validation_split!r} must be a fraction in (0, 1)")
@@ -92,18 +88,3 @@ def check_call_order(train_data: Any, eval_data: Any, batch_size: Any, epochs: A
         other = "fleetlite.Trainer.fit puts epochs before batch_size"
         warnings.warn(f"batch_size={bs} is larger than the {n} training samples and epochs=1: did you mean "
                       f"epochs={bs}? ({other}; pass them by keyword to be sure)", UserWarning, stacklevel=3)
-
-
-def evaluate_in_epoch(trainer, evaluation: DataAdapter, callbacks) -> None:
-    """An evaluation in the middle of an epoch (``eval_steps``), on copies of the metrics."""
-    import copy
-
-    from .loops import run_evaluate
-
-    saved = trainer.metrics
-    trainer.metrics = [copy.deepcopy(m) for m in saved]
-    try:
-        logs = run_evaluate(trainer, evaluation, callbacks)
-    finally:
-        trainer.metrics = saved
-    trainer.step_evaluations.append({"step": trainer.global_step, **{f"val_{k}": v for k, v in logs.items()}})

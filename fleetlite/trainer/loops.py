@@ -10,16 +10,35 @@ stepped for a half epoch and a resumed run continues that epoch exactly.
 
 from __future__ import annotations
 
-import contextlib
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..distributed import collective
+from ..distributed.faults import peer_failures
+from ..distributed.fleet.gradient_merge import GradientMerge
+from ..io.evaluation import trim_batch
+from ..parallel.comm import broadcast_coalesced
+from .callbacks import Preemption
 from .data_adapter import DataAdapter, batch_length
+from .fit_state import ResumePoint, restore_rng
 from .metrics import reduce_sums
-from .state import rank_entry, restore_rng
 
-__all__ = ["run_fit", "run_evaluate", "run_predict", "metric_logs", "sync_buffers"]
+__all__ = ["FitPlan", "run_fit", "run_evaluate", "run_predict", "evaluate_in_epoch", "metric_logs", "sync_buffers"]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """The loop settings of one ``fit`` call (validated by :mod:`~fleetlite.trainer.fit_setup`)."""
+
+    epochs: int
+    eval_freq: int = 1
+    num_iters: int | None = None  # cap on the total optimizer steps
+    initial_epoch: int = 0  # Keras' initial_epoch
+    eval_steps: int | None = None  # also evaluate every n optimizer steps (keras_fit)
+    accumulate: int | None = None  # micro-batches per step; None: the strategy's gradient_merge k_steps
 
 
 def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
@@ -42,12 +61,7 @@ def _record_train(t, out: dict[str, Any], n: int) -> dict[str, Any]:
     """
     if not isinstance(out, dict) or "loss" not in out:
         raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
-    loss = out["loss"].detach()
-    acc = t._train_accum
-    # running sums stay on the loss's device: no device sync per step (read at log time / epoch end)
-    acc["loss_sum"] = acc["loss_sum"].to(loss.device) + loss.to(torch.float64) * n
-    acc["count"] += n
-    logs = {"loss": acc["loss_sum"] / max(acc["count"], 1)}
+    logs = {"loss": t.fit_state.add_batch(out["loss"], n)}
     logs.update(metric_logs(t.metrics, lazy=True))
     logs.update({k: v for k, v in out.items() if k != "loss"})
     logs["batch_size"] = n
@@ -55,8 +69,7 @@ def _record_train(t, out: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def _epoch_logs(t, reduce: bool) -> dict[str, Any]:
-    acc = t._train_accum
-    extra = torch.tensor([float(acc["loss_sum"]), float(acc["count"])], dtype=torch.float64)
+    extra = t.fit_state.sums()
     if reduce:
         extra = reduce_sums(t.metrics, extra)
     logs = {"loss": float(extra[0] / max(extra[1].item(), 1.0))}
@@ -71,9 +84,6 @@ def sync_buffers(t) -> None:
     does), so after the last step every rank's buffers reflect its own last batch. Evaluation, prediction and
     the end of ``fit`` first take rank 0's, so every rank evaluates the model that is saved.
     """
-    from ..distributed import collective
-    from ..parallel.comm import broadcast_coalesced
-
     if collective.get_world_size() == 1 or not collective.is_initialized():
         return
     buffers = [b for b in t.network.buffers()]
@@ -81,129 +91,116 @@ def sync_buffers(t) -> None:
         broadcast_coalesced(buffers, getattr(t.parallel_network, "group", None))
 
 
-def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: dict[str, Any] | None):
-    """Set the epoch, restore a resumed position (Note [resume order]) and return the batch iterator.
+def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: ResumePoint | None):
+    """Enter the epoch, restore a resumed position (Note [resume order]) and return the batch iterator.
 
     None means the resumed pass has no batch left (only its epoch end is missing).
     """
-    from .checkpoint import capture_rng_state
-
-    t.epoch = epoch
-    t.epoch_finished = False
+    st = t.fit_state
     # a pass resumed after its last batch: the data already points at the next epoch, only the epoch end is left
-    exhausted = resume is not None and adapter.resumable and resume["state"]["progress"].get("pass_done", False)
+    exhausted = resume is not None and adapter.resumable and resume.pass_done
     if not exhausted:
         adapter.set_epoch(epoch)
+    st.start_epoch(epoch, t.metrics, resume)
     if resume is None:
-        t.batch_in_epoch = 0
-        t._reset_train_accum()
-        t._epoch_rng = capture_rng_state()
         return iter(adapter)
-    entry, sums = resume["entry"], resume["sums"]
-    t.batch_in_epoch = int(resume["state"]["progress"]["batch_in_epoch"])
-    t._reset_train_accum()
-    t._train_accum["loss_sum"] = torch.tensor(sums["loss_sum"], dtype=torch.float64)
-    t._train_accum["count"] = int(sums["count"])
-    if sums.get("metrics"):
-        for m, s in zip(t.metrics, sums["metrics"]):
-            m.load_state_dict(s)
-    t._epoch_rng = entry["epoch_rng"]
-    restore_rng(entry["epoch_rng"])
+    restore_rng(resume.epoch_rng)
     it = None if exhausted else iter(adapter)
-    if not adapter.resumable and t.batch_in_epoch:  # Note [resume replay]
-        for _ in range(t.batch_in_epoch):
+    if not adapter.resumable and st.batch_in_epoch:  # Note [resume replay]
+        for _ in range(st.batch_in_epoch):
             next(it)
-    restore_rng(entry["rng"])
+    restore_rng(resume.rng)
     return it
 
 
-def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, eval_freq: int,
-            num_iters: int | None, callbacks, resume_state: dict[str, Any] | None) -> None:
-    """The epoch loop; a lost peer rank becomes a ``CollectiveError`` naming it (Note [lost rank diagnosis])."""
-    from ..distributed.faults import peer_failures
+def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan, callbacks,
+            resume: ResumePoint | None) -> None:
+    """The epoch loop; a lost peer rank becomes a ``CollectiveError`` naming it (Note [lost rank diagnosis]).
 
-    with peer_failures("training"):
-        _run_fit(t, train, evaluation, epochs, eval_freq, num_iters, callbacks, resume_state)
+    The optimizer's gradient-merge window is driven by the loop (Note [gradient merge window]).
+    """
+    st = t.fit_state
+    st.adapter, st.fitting = train, True
+    try:
+        with peer_failures("training"), t.optimizer.merge.driven(plan.accumulate, t.merge_avg) as merge:
+            st.accumulate = merge.k
+            _run_fit(t, train, evaluation, plan, callbacks, resume, merge)
+    except BaseException as e:
+        for cb in callbacks:  # trackers mark their run FAILED (fleetlite.trainer.callbacks.tracker)
+            if hasattr(cb, "on_exception"):
+                cb.on_exception(e)
+        raise
+    finally:
+        st.fitting = False
+        st.pending_saves.clear()
+        for cb in callbacks.find(Preemption):  # signal handlers back even when training failed
+            cb.close()
 
 
-def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int, eval_freq: int,
-             num_iters: int | None, callbacks, resume_state: dict[str, Any] | None) -> None:
-    from ..distributed import collective
-
-    acc = t._accumulate
-    resume = None
-    start_epoch = getattr(t, "_initial_epoch", 0)  # Keras' initial_epoch; a resumed run's position wins
-    if resume_state is not None:
-        prog = resume_state["progress"]
-        entry, sums = rank_entry(resume_state, collective.get_rank(), collective.get_world_size())
-        if prog["epoch_finished"]:
-            start_epoch = prog["epoch"] + 1
-            restore_rng(entry["rng"])
-        else:
-            start_epoch = prog["epoch"]
-            resume = {"state": resume_state, "entry": entry, "sums": sums}
+def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan, callbacks,
+             resume: ResumePoint | None, merge: GradientMerge) -> None:
+    st = t.fit_state
+    num_iters = plan.num_iters
+    start_epoch = plan.initial_epoch  # Keras' initial_epoch; a resumed run's position wins
+    if resume is not None:
+        start_epoch = st.epoch + 1 if resume.epoch_finished else st.epoch
+        if resume.epoch_finished:
+            restore_rng(resume.rng)
+    mid_epoch = None if resume is None or resume.epoch_finished else resume
     t.stop_training = False
     callbacks.on_train_begin()
-    if resume_state is not None:
-        callbacks.load_state_dict(resume_state["callbacks"])
+    if resume is not None:
+        callbacks.load_state_dict(resume.callbacks)
     logs: dict[str, Any] = {}
-    for epoch in range(start_epoch, epochs):
-        if t.stop_training or (num_iters is not None and t.global_step >= num_iters):
+    for epoch in range(start_epoch, plan.epochs):
+        if t.stop_training or (num_iters is not None and st.global_step >= num_iters):
             break
-        it = _start_epoch(t, train, epoch, resume)
-        resume = None
+        it = _start_epoch(t, train, epoch, mid_epoch)
+        mid_epoch = None
         pass_len = 0 if it is None else train.length()
         it = iter(()) if it is None else it
-        steps = None if pass_len is None else t.batch_in_epoch + pass_len
-        callbacks.params["steps"] = steps
+        callbacks.params["steps"] = None if pass_len is None else st.batch_in_epoch + pass_len
         callbacks.on_epoch_begin(epoch)
         t.parallel_network.train()
-        t._pass_index = 0
+        st.pass_index = 0
         ended = True
-        micro = 0
         for batch in it:
             n = batch_length(batch)
-            valid = train.num_valid(t._pass_index, batch)
-            last = pass_len is not None and t._pass_index == pass_len - 1
-            micro += 1
-            t.at_step_boundary = (t.batch_in_epoch + 1) % acc == 0 or last
-            t._batch_valid = n if valid is None else valid
-            callbacks.on_train_batch_begin(t.batch_in_epoch)
-            batch = t._to_device(batch)
-            sync = contextlib.nullcontext() if t.at_step_boundary or acc == 1 else t.parallel_network.no_sync()
-            with sync:
-                out = t.train_step(batch)
-            if t.at_step_boundary:
-                micro = 0
+            valid = train.num_valid(st.pass_index, batch)
+            st.at_step_boundary = merge.begin(last=pass_len is not None and st.pass_index == pass_len - 1)
+            st.batch_valid = n if valid is None else valid
+            callbacks.on_train_batch_begin(st.batch_in_epoch)
+            out = t.train_step(t.to_device(batch))
+            merge.end()
             step_logs = _record_train(t, out, n)
-            t.batch_in_epoch += 1
-            t._pass_index += 1
-            if t.at_step_boundary:
-                t.global_step += 1
-            callbacks.on_train_batch_end(t.batch_in_epoch - 1, step_logs)
+            st.batch_in_epoch += 1
+            st.pass_index += 1
+            if st.at_step_boundary:
+                st.global_step += 1
+            callbacks.on_train_batch_end(st.batch_in_epoch - 1, step_logs)
             t.run_pending_saves()
-            if evaluation is not None and t.at_step_boundary and getattr(t, "_eval_steps", None) \
-                    and t.global_step % t._eval_steps == 0:
-                from .keras_fit import evaluate_in_epoch
-
+            if evaluation is not None and st.at_step_boundary and plan.eval_steps \
+                    and st.global_step % plan.eval_steps == 0:
                 evaluate_in_epoch(t, evaluation, callbacks)
-            if t.at_step_boundary and (t.stop_training or (num_iters is not None and t.global_step >= num_iters)):
-                ended = pass_len is not None and t._pass_index == pass_len
+            if st.at_step_boundary and (t.stop_training or (num_iters is not None and st.global_step >= num_iters)):
+                ended = pass_len is not None and st.pass_index == pass_len
                 break
-        if micro:  # a loader without len(): sync and apply the last, incomplete accumulation (Note [trainer ...])
-            t._flush_accumulation()
-            t.global_step += 1
-        t.at_step_boundary = True
+        if merge.micro:  # a loader without len() ended inside a window: sync and apply it
+            merge.flush(p for p in t.network.parameters() if p.requires_grad)
+            st.at_step_boundary = True
+            t.optimizer_step()
+            st.global_step += 1
+        st.at_step_boundary = True
         if not ended:  # Note [epoch end]
             break
         logs = _epoch_logs(t, reduce=train.sharded)
-        if evaluation is not None and t._eval_due(epoch, eval_freq):
+        if evaluation is not None and t.eval_due(epoch, plan.eval_freq):
             val = run_evaluate(t, evaluation, callbacks)
             logs.update({f"val_{k}": v for k, v in val.items()})
-        t.epoch_finished = True
+        st.epoch_finished = True
         callbacks.on_epoch_end(epoch, logs)
         t.run_pending_saves()
-    t.at_step_boundary = True
+    st.at_step_boundary = True
     if train.sharded:
         sync_buffers(t)  # Note [agreed buffers]
     callbacks.on_train_end(logs)
@@ -212,22 +209,30 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, epochs: int,
 
 def run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
     """Loss and metrics over ``data``, every sample counted once across ranks (padding cut off)."""
-    from ..distributed.faults import peer_failures
-
     with peer_failures("evaluation"):
         return _run_evaluate(t, data, callbacks)
+
+
+def evaluate_in_epoch(t, evaluation: DataAdapter, callbacks) -> None:
+    """An evaluation in the middle of an epoch (Keras-side ``eval_steps``), on copies of the metrics, so the
+    epoch's training metrics are not disturbed; recorded in ``t.step_evaluations``."""
+    saved = t.metrics
+    t.metrics = [copy.deepcopy(m) for m in saved]
+    try:
+        logs = run_evaluate(t, evaluation, callbacks)
+    finally:
+        t.metrics = saved
+    t.step_evaluations.append({"step": t.global_step, **{f"val_{k}": v for k, v in logs.items()}})
 
 
 def _idle_forward(t, batch: Any) -> None:
     """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward is
     collective (it all-gathers parameters), so every rank must run as many as the others."""
     if hasattr(t.parallel_network, "full_state_dict"):
-        t.network(*t.split_batch(t._to_device(batch))[0])
+        t.network(*t.split_batch(t.to_device(batch))[0])
 
 
 def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
-    from ..io.evaluation import trim_batch
-
     reason = data.exact_reason()
     if reason is not None:
         raise ValueError(f"cannot evaluate exactly: {reason}")
@@ -252,8 +257,8 @@ def _run_evaluate(t, data: DataAdapter, callbacks) -> dict[str, Any]:
                     batch = trim_batch(batch, valid)
                 n = batch_length(batch)
                 callbacks.on_eval_batch_begin(i)
-                t._batch_valid = n
-                out = t.eval_step(t._to_device(batch)) or {}
+                t.fit_state.batch_valid = n
+                out = t.eval_step(t.to_device(batch)) or {}
                 loss = out.get("loss")
                 if loss is not None:
                     weight = 1 if getattr(t.loss_fn, "reduction", "mean") == "sum" else n
@@ -297,16 +302,11 @@ def run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, call
     With a :class:`~fleetlite.trainer.predict_writer.PredictionWriter` the batches go to disk as they come
     and the merged files' paths are returned (Note [streamed predictions]).
     """
-    from ..distributed.faults import peer_failures
-
     with peer_failures("prediction"):
         return _run_predict(t, data, batch_size, stack_outputs, callbacks, writer)
 
 
 def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
-    from ..distributed import collective
-    from ..io.evaluation import trim_batch
-
     gather = data.sharded and collective.get_world_size() > 1
     indices = data.pass_indices() if gather else None
     if gather and indices is None:
@@ -334,7 +334,7 @@ def _run_predict(t, data: DataAdapter, batch_size: int, stack_outputs: bool, cal
                         continue
                     batch = trim_batch(batch, valid)
                 callbacks.on_predict_batch_begin(i)
-                outs = _as_outputs(_cpu(t.predict_step(t._to_device(batch))))
+                outs = _as_outputs(_cpu(t.predict_step(t.to_device(batch))))
                 idx = list(indices[i][:batch_length(batch)]) if indices is not None else None
                 if writes:
                     writer.write(outs, idx)

@@ -48,7 +48,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .callbacks._hapi import config_fit_callbacks
+from .clipping import clip_gradients, resolve_grad_clip
+from .data_adapter import DataAdapter, LimitedAdapter, build_adapter
+from .hapi_io import load_prefix, save_prefix
 from .keras_fit import check_call_order
+from .metrics import Metric
+from .summary import summary
+from .torchmetrics_adapter import is_torchmetric
 from .trainer import Trainer
 
 __all__ = ["Model", "check_call_order"]
@@ -118,6 +125,7 @@ class Model(Trainer):
     """
 
     _paddle_hapi = True
+    merge_avg = False  # Paddle sums the gradients of merged (accumulated) batches
 
     def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None) -> None:
         super().__init__(network)
@@ -125,11 +133,6 @@ class Model(Trainer):
         self._labels = _verify_spec(labels, "labels")
         self._ran = False
         self._input_example: list[torch.Tensor] | None = None
-        self._accumulate_avg = False
-
-    def _prepare(self, training: bool) -> None:
-        super()._prepare(training)
-        self._accumulate_avg = False  # Paddle sums the gradients of accumulated batches
 
     # -- Paddle's attribute names --------------------------------------------------------------------------
     @property
@@ -162,10 +165,6 @@ class Model(Trainer):
         a GPU: on a CPU device it is switched off with a warning. ``grad_clip``: a ``ClipGradBy*`` object
         (Paddle gives it to the optimizer; here also read from ``optimizer._grad_clip``).
         """
-        from .clipping import resolve_grad_clip
-        from .metrics import Metric
-        from .torchmetrics_adapter import is_torchmetric
-
         if loss is not None and not callable(loss):
             raise TypeError("'loss' must be a torch.nn.Module or any callable function, got "
                             f"{type(loss).__name__}")
@@ -174,10 +173,7 @@ class Model(Trainer):
                 raise AssertionError(f"{type(m).__name__} is not sub class of Metric")
         strategy = self._amp_strategy(amp_configs)
         if strategy is not None:
-            if self._connector._started:
-                raise RuntimeError("prepare(amp_configs=...) must come before the model first runs (the "
-                                   "distributed engine is already set up)")
-            self._connector.user_strategy = strategy
+            self._connector.set_strategy(strategy, "call prepare(amp_configs=...) before the model first runs")
         self._set_training_objects(optimizer, loss, _to_list(metrics) or None)
         self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
                                                                                               None))
@@ -253,23 +249,21 @@ class Model(Trainer):
 
         Returns ``[loss]`` (numpy), or ``([loss], [metric values])`` with metrics (Paddle's layout).
         """
-        self._prepare(training=True)
+        self.setup(training=True)
         inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
         self._record(inputs)
         self.parallel_network.train()
-        outputs = self.parallel_network(*inputs)
-        loss = self.compute_loss(outputs, labels)
-        if hasattr(self.optimizer, "backward"):
+        merge = self.optimizer.merge
+        with merge.driven(k=1):  # Paddle: each call's gradients are synced, update=True steps (no merge window)
+            merge.begin(last=True)
+            outputs = self.parallel_network(*inputs)
+            loss = self.compute_loss(outputs, labels)
             self.optimizer.backward(loss)
-        else:
-            loss.backward()
-        if update:
-            if self.grad_clip:
-                from .clipping import clip_gradients
-
-                clip_gradients(self)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
+            if update:
+                if self.grad_clip:
+                    clip_gradients(self)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
         losses = [_numpy(loss).reshape(1)]
         metrics = self._batch_metrics(outputs, labels)
         return (losses, metrics) if metrics else losses
@@ -277,7 +271,7 @@ class Model(Trainer):
     @torch.no_grad()
     def eval_batch(self, inputs: Any, labels: Any = None) -> Any:
         """Loss and metrics on a batch without training (Paddle's layout, as :meth:`train_batch`)."""
-        self._prepare(training=False)
+        self.setup()
         inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
         self._record(inputs)
         self.network.eval()
@@ -291,14 +285,14 @@ class Model(Trainer):
     @torch.no_grad()
     def predict_batch(self, inputs: Any) -> list[np.ndarray]:
         """The model's outputs for a batch, one numpy array per output."""
-        self._prepare(training=False)
+        self.setup()
         inputs = self._batch_tensors(inputs)
         self._record(inputs)
         self.network.eval()
         return [_numpy(o) for o in _to_list(self.network(*inputs))]
 
     # -- loops -----------------------------------------------------------------------------------------------
-    def _eval_due(self, epoch: int, eval_freq: int) -> bool:
+    def eval_due(self, epoch: int, eval_freq: int) -> bool:
         return epoch % eval_freq == 0
 
     def fit(self, train_data: Any = None, eval_data: Any = None, batch_size: int | Sequence[int] = 1,
@@ -314,9 +308,6 @@ class Model(Trainer):
         ``{save_dir}/best_model``. An LR scheduler on the optimizer is stepped per batch unless an
         ``LRScheduler`` callback says otherwise.
         """
-        from .callbacks._hapi import config_fit_callbacks
-        from .data_adapter import DataAdapter, build_adapter
-
         if train_data is None:
             raise ValueError("train_data must be given!")
         check_call_order(train_data, eval_data, batch_size, epochs, "paddle")
@@ -344,8 +335,6 @@ class Model(Trainer):
 
         ``num_iters`` evaluates only the first ``num_iters`` batches (of each rank).
         """
-        from .data_adapter import LimitedAdapter, build_adapter
-
         check_call_order(None, eval_data, batch_size, 1, "paddle")
         if num_iters is not None:
             data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
@@ -381,8 +370,6 @@ class Model(Trainer):
         inference (``fleetlite.Trainer.save(path, training=False)``) and needs the model to have run or
         ``inputs`` specs (RuntimeError otherwise, as Paddle).
         """
-        from .hapi_io import save_prefix
-
         save_prefix(self, os.fspath(path), training)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
@@ -391,14 +378,10 @@ class Model(Trainer):
         Entries missing from the file or of another shape raise ValueError, or with ``skip_mismatch`` are
         skipped with a warning. A fleetlite checkpoint file (``.pt``) is accepted as ``path`` too.
         """
-        from .hapi_io import load_prefix
-
         load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer)
 
     def summary(self, input_size: Any = None, dtype: Any = None) -> dict[str, int]:
         """Paddle's ``Model.summary``: per-layer table; returns ``{'total_params', 'trainable_params'}``."""
-        from .summary import summary
-
         if input_size is None and self._inputs is not None:
             input_size = [tuple(getattr(s, "shape", s)) for s in self._inputs]
         return summary(self.network, input_size, dtypes=dtype)

@@ -4,11 +4,15 @@ Checkpoint entries (see :mod:`fleetlite.trainer.checkpoint` for the file format)
 
 ``model`` (unprefixed state_dict) · ``optimizer`` · ``scaler`` (amp) ·
 ``data`` (the training data's position) · ``progress`` (epoch, batch in
-epoch, whether the epoch finished, global step) · ``ranks`` (per rank: RNG
-states now and at the start of the epoch, partial sums of the epoch's
-training loss and metrics) · ``world_size`` · ``callbacks`` (each
-callback's state; LR schedulers are inside their ``LRScheduler``) ·
-``strategy`` · ``config`` · ``meta``.
+epoch, whether the epoch finished, global step: ``FitState.state_dict``) ·
+``ranks`` (per rank: RNG states now and at the start of the epoch, partial
+sums of the epoch's training loss and metrics: ``FitState.rank_state_dict``) ·
+``world_size`` · ``callbacks`` (each callback's state; LR schedulers are
+inside their ``LRScheduler``) · ``strategy`` · ``config`` · ``meta``.
+
+A resume reads the file once (:func:`restore_for_fit`): the weights, the
+optimizer, the data position and the progress go in at once, and the loop
+gets a :class:`~fleetlite.trainer.fit_state.ResumePoint` for the rest.
 
 # Note [resume order]
 Bit-identical resume needs the same sequence of random draws as the
@@ -33,26 +37,18 @@ from typing import Any
 
 import torch
 
+from .. import __version__
+from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
+from ..distributed import collective
 from ..utils.user_warning import warn_user
-from .checkpoint import (
-    CheckpointError,
-    capture_rng_state,
-    load_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-)
+from .checkpoint import LATEST, CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from .connector import strip_compile_prefix
+from .fit_state import ResumePoint
 
 __all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
+           "rank_entry", "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
-
-
-def _rank_state(trainer) -> dict[str, Any]:
-    acc = trainer._train_accum
-    return {"rng": capture_rng_state(), "epoch_rng": trainer._epoch_rng,
-            "train_accum": {"loss_sum": float(acc["loss_sum"]), "count": int(acc["count"]),
-                            "metrics": [m.state_dict() for m in trainer.metrics]}}
 
 
 def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[str, Any] | None:
@@ -60,30 +56,24 @@ def build_state(trainer, weights: bool = True, optimizer: bool = True) -> dict[s
 
     ``weights``/``optimizer`` False leave ``model``/``optimizer`` None (a sharded checkpoint holds them).
     """
-    from ..distributed import collective
-
-    ranks = collective.all_gather_object(_rank_state(trainer))
+    ranks = collective.all_gather_object(trainer.fit_state.rank_state_dict(trainer.metrics))
     optimizer = trainer.optimizer.state_dict() if optimizer and trainer.optimizer is not None else None  # collective
     model = model_state(trainer) if weights else None  # collective if sharded
     if collective.get_rank() != 0:
         return None
-    data = trainer._data_position()
     amp = getattr(trainer.optimizer, "amp", None)
     state = {
         "model": model,
         "optimizer": optimizer,
         "scaler": amp.state_dict() if amp is not None and amp.uses_scaler else None,
-        "data": data,
-        "progress": {"epoch": trainer.epoch, "batch_in_epoch": trainer.batch_in_epoch,
-                     "epoch_finished": trainer.epoch_finished, "pass_done": trainer._pass_done(),
-                     "global_step": trainer.global_step,
-                     "accumulate_grad_batches": trainer._accumulate},
+        "data": trainer.fit_state.data_position(),
+        "progress": trainer.fit_state.state_dict(),
         "ranks": ranks,
         "world_size": collective.get_world_size(),
-        "callbacks": trainer._callbacks.state_dict() if trainer._callbacks is not None else {},
-        "strategy": trainer._connector.strategy_dict(),
+        "callbacks": trainer.callbacks.state_dict() if trainer.callbacks is not None else {},
+        "strategy": None if trainer.strategy is None else trainer.strategy.to_dict(),
         "config": trainer.config,
-        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": _version(),
+        "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": __version__,
                  "optimizer": optimizer_name(trainer.user_optimizer)},
     }
     return state
@@ -140,16 +130,8 @@ def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hin
                                         f"class; {hint}")
 
 
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
-
-
 def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
     """Build the state and write it on rank 0; every rank returns the path or raises the same error."""
-    from ..distributed import collective
-
     path = Path(path)
     state = build_state(trainer)
     error = None
@@ -182,14 +164,12 @@ def check_finite(weights: dict[str, Any], path: Path) -> None:
 
 def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
     """``Trainer.save``: the full training state (collective), or with ``training=False`` the weights (rank 0)."""
-    from ..distributed import collective
-
     path = Path(path)
     if path.suffix == "":
         path = path.with_suffix(".pt")
     if training:
         if trainer.parallel_network is None:
-            trainer._prepare(training=False)
+            trainer.setup()
         return write_state(trainer, path)
     weights = model_state(trainer)
     if collective.get_rank() == 0:
@@ -199,9 +179,6 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
 
 def warn_if_overwriting(directory: str | Path | None) -> None:
     """Warn (rank 0) when a fresh run is about to overwrite the checkpoints an earlier run left in ``directory``."""
-    from ..distributed import collective
-    from .checkpoint import LATEST, list_checkpoints
-
     if directory is None or collective.get_rank() != 0:
         return
     directory = Path(directory)
@@ -221,8 +198,6 @@ def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
     falling back with a warning; an error when there is none) or ``"auto"``
     (like ``"latest"`` but a fresh start when there is none).
     """
-    from ..distributed import collective
-
     if resume is None or resume is False:
         return None
     choice: str | None = None
@@ -252,8 +227,6 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         return found
     p = Path(resume)
     if p.is_dir():
-        from .. import checkpoint as dcp_ckpt
-
         if dcp_ckpt.is_checkpoint_dir(p):
             dcp_ckpt.validate(p)
             return p
@@ -267,20 +240,16 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
 
 def _newest(directory: str | Path) -> Path | None:
     """The newest valid checkpoint file or sharded checkpoint directory in ``directory``."""
-    from ..checkpoint import find_newest
-
-    return find_newest(directory, require=REQUIRED)
+    return dcp_ckpt.find_newest(directory, require=REQUIRED)
 
 
 def read_resume(path: Path) -> dict[str, Any]:
     """Load a resume checkpoint (a file, or a sharded checkpoint's trainer.pt) on every rank; all ranks fail
     together with the same message."""
-    from ..distributed import collective
-
     state, error = None, None
     try:
         if path.is_dir():
-            from .dcp_state import read_dcp_state
+            from .dcp_state import read_dcp_state  # cycle: dcp_state builds its trainer.pt with this module
 
             state = read_dcp_state(path, REQUIRED)
         else:
@@ -318,26 +287,21 @@ def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[
     return entry, total
 
 
-def restore_rng(entry: dict[str, Any] | None) -> None:
-    if entry is not None:
-        restore_rng_state(entry)
-
-
-def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
+def restore_for_fit(t, path: Path, train) -> ResumePoint:
     """Load ``path`` into trainer ``t`` before ``fit`` runs: model, optimizer, scaler, data position, progress.
 
     Callback states, RNG states and the epoch's partial sums are put back by
-    the loop (Note [resume order]). Raises ``CheckpointError`` naming the file
-    when it does not fit the model or the run.
+    the loop from the returned :class:`ResumePoint` (Note [resume order]).
+    Raises ``CheckpointError`` naming the file when it does not fit the model or the run.
     """
     s = read_resume(path)
-    world = t._connector.world_size
+    world = collective.get_world_size()
     if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
         raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-        from .dcp_state import load_dcp_weights
+        from .dcp_state import load_dcp_weights  # cycle: dcp_state builds its trainer.pt with this module
 
         load_dcp_weights(t, path, s)
     else:
@@ -358,10 +322,11 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
             train.load_position(s["data"])
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(path, f"incompatible with this run: {e}") from None
-    p = s["progress"]
-    t.epoch, t.global_step = int(p["epoch"]), int(p["global_step"])
-    t.batch_in_epoch, t.epoch_finished = int(p["batch_in_epoch"]), bool(p["epoch_finished"])
-    return s
+    t.fit_state.load_state_dict(s["progress"])
+    entry, sums = rank_entry(s, collective.get_rank(), world)
+    return ResumePoint(epoch_finished=bool(s["progress"]["epoch_finished"]),
+                       pass_done=bool(s["progress"].get("pass_done", False)), rng=entry["rng"],
+                       epoch_rng=entry["epoch_rng"], sums=sums, callbacks=s["callbacks"])
 
 
 def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
@@ -380,8 +345,6 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
             raise
     if not reset_optimizer:  # before anything is loaded
         check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
-    from .connector import strip_compile_prefix
-
     weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
     own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
     if skip_mismatch:
@@ -396,7 +359,7 @@ def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimiz
         raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
                                     f"matches): {e}") from None
     if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
-        t._prepare(training=False)  # wraps the optimizer too; a loss is not needed to load
+        t.setup()  # wraps the optimizer too; a loss is not needed to load
         try:
             t.optimizer.load_state_dict(s["optimizer"])
         except (ValueError, KeyError, RuntimeError) as e:

@@ -33,6 +33,7 @@ class FleetState:
 
     def __init__(self) -> None:
         self.strategy: DistributedStrategy | None = None
+        self.by_trainer = False  # the strategy was set by a fleetlite.Trainer, not the user (fleet.user_strategy)
         self.role_maker: Any = None  # a fleet.PaddleCloudRoleMaker
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # fleet.DistributedOptimizer objects

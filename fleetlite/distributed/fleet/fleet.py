@@ -32,9 +32,9 @@ from .recompute import apply_recompute, resolve_checkpoints
 from .strategy import DistributedStrategy
 
 __all__ = [
-    "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "is_initialized",
-    "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank", "worker_endpoints",
-    "PaddleCloudRoleMaker",
+    "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "user_strategy",
+    "is_initialized", "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank",
+    "worker_endpoints", "PaddleCloudRoleMaker",
 ]
 
 logger = logging.getLogger("fleetlite.fleet")
@@ -105,12 +105,14 @@ def _set_log_level(level: str | int) -> None:
 
 
 def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = True,
-         strategy: DistributedStrategy | Mapping[str, Any] | None = None, log_level: str | int = "INFO") -> None:
+         strategy: DistributedStrategy | Mapping[str, Any] | None = None, log_level: str | int = "INFO", *,
+         by_trainer: bool = False) -> None:
     """Initialise collective training: the process group (``init_parallel_env``) and the strategy.
 
     The strategy is copied (later changes to the object have no effect; pass
     it again to ``init`` or ``distributed_optimizer``). A second call keeps
-    the process group and replaces the strategy.
+    the process group and replaces the strategy. ``by_trainer``: a Trainer's own strategy (not the user's, so
+    a later Trainer built without one does not inherit it: :func:`user_strategy`).
     """
     if role_maker is not None:
         if not isinstance(role_maker, PaddleCloudRoleMaker):
@@ -124,7 +126,7 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     _set_log_level(log_level)
     resolved.check_supported(_world_size())  # before any process group exists
     collective.init_parallel_env()
-    _state.strategy = resolved
+    _state.strategy, _state.by_trainer = resolved, by_trainer
     _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
@@ -140,6 +142,11 @@ def _require_init(what: str) -> DistributedStrategy:
         raise RuntimeError(f"fleet.{what} was called before fleet.init(); call "
                            "fleet.init(is_collective=True, strategy=...) first")
     return _state.strategy
+
+
+def user_strategy() -> DistributedStrategy | None:
+    """A copy of the strategy the user gave :func:`init`; None before ``init`` or when a Trainer set it since."""
+    return None if _state.strategy is None or _state.by_trainer else copy.deepcopy(_state.strategy)
 
 
 def _first_device(module: nn.Module) -> torch.device:
@@ -264,6 +271,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
                     "strategy: wrap the model again (or pass the strategy to fleet.init) for them to take effect")
         warnings.warn(msg, stacklevel=2)
         _state.strategy = current = new
+        _state.by_trainer = False
     current.check_supported(_world_size())
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"distributed_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")

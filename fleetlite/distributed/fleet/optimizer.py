@@ -2,13 +2,14 @@
 
 A thin wrapper over any torch optimizer that adds, from the strategy:
 
-* gradient merge: ``k_steps`` calls of ``step()`` make one optimizer step; the
-  linked data-parallel models skip gradient synchronisation on the first
-  ``k - 1`` micro-batches (their ``require_backward_grad_sync`` is switched
-  off, like ``no_sync()``), the k-th backward reduces the accumulated sum,
-  and the gradients are divided by ``k`` when ``avg``. ``clear_grad()`` /
-  ``zero_grad()`` do nothing inside an accumulation window, so the usual
-  ``backward(); step(); clear_grad()`` loop works unchanged;
+* gradient merge (``optimizer.merge``, Note [gradient merge window] in
+  :mod:`~fleetlite.distributed.fleet.gradient_merge`): ``k_steps`` calls of
+  ``step()`` make one optimizer step; the linked data-parallel models skip
+  gradient synchronisation on the first ``k - 1`` micro-batches, the k-th
+  backward reduces the accumulated sum, and the gradients are divided by
+  ``k`` when ``avg``. ``clear_grad()`` / ``zero_grad()`` do nothing inside an
+  accumulation window, so the usual ``backward(); step(); clear_grad()`` loop
+  works unchanged; a training loop (the Trainer) may drive the window instead;
 * sharding stage 1: the optimizer state is partitioned across ranks with
   ``torch.distributed.optim.ZeroRedundancyOptimizer``; stages 2/3: the
   optimizer is rebuilt over the shards of the
@@ -21,7 +22,6 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch.nn as nn
 from ...parallel.sharded.optim_state import full_optimizer_state, load_full_optimizer_state
 from ...parallel.sharded.rebuild import constructor_kwargs, rebuild_optimizer, report_steps_to
 from .amp import AmpHelper
+from .gradient_merge import GradientMerge
 from .strategy import DistributedStrategy
 
 __all__ = ["DistributedOptimizer"]
@@ -56,7 +57,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     optimizer that actually steps (a ``ZeroRedundancyOptimizer`` with
     sharding, else the one given); ``stepped`` tells whether the last
     ``step()`` changed the parameters (False inside a gradient-merge window
-    or when amp skipped an inf/nan step).
+    or when amp skipped an inf/nan step); ``merge`` is the gradient-merge window.
 
     Example::
 
@@ -82,10 +83,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
         self.user_opt = optimizer
         self.strategy = strategy
-        self._k = strategy.gradient_merge_configs["k_steps"] if strategy.gradient_merge else 1
-        self._avg = bool(strategy.gradient_merge_configs["avg"])
-        self._micro = 0
-        self._models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self.merge = GradientMerge(strategy.gradient_merge_configs["k_steps"] if strategy.gradient_merge else 1,
+                                   strategy.gradient_merge_configs["avg"])
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
         self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else optimizer
@@ -142,12 +141,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
             self._sharded_model = model
-        self._models.add(model)
-        model.require_backward_grad_sync = self._micro + 1 >= self._k
-
-    def _set_sync(self, flag: bool) -> None:
-        for model in list(self._models):
-            model.require_backward_grad_sync = flag
+        self.merge.attach(model)
 
     # --- torch.optim.Optimizer surface ------------------------------------------------------------------------
     @property
@@ -166,32 +160,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def k_steps(self) -> int:
-        return self._k
+        return self.merge.k
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One micro-step: accumulate, or (every ``k_steps``-th call) average, step and re-enable sync."""
         if closure is not None:
-            if self._k > 1 or self.amp.uses_scaler:
+            if self.merge.k > 1 or self.amp.uses_scaler:
                 raise ValueError("step(closure) cannot be combined with gradient_merge or float16 amp; call "
                                  "backward yourself and step() without a closure")
             out = self.inner_opt.step(closure)
             self.stepped = True
             return out
-        self._micro += 1
-        if self._micro < self._k:
+        if not self.merge.on_step():  # inside the window: the gradients accumulate
             self.amp._check_scaled()
             self.amp._scaled = False
             self.stepped = False
-            self._set_sync(self._micro + 1 >= self._k)
             return None
-        self._micro = 0
-        self.stepped = self.amp.step(self.inner_opt, grad_divisor=self._k if self._avg else 1)
-        self._set_sync(self._k == 1)
+        self.stepped = self.amp.step(self.inner_opt, grad_divisor=self.merge.grad_divisor)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients, except inside a gradient-merge window (they are being accumulated)."""
-        if self._micro == 0:
+        if not self.merge.holding:
             self.inner_opt.zero_grad(set_to_none=set_to_none)
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
@@ -280,8 +270,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             inner.load_state_dict(state)
         if amp_state is not None:
             self.amp.load_state_dict(amp_state)
-        self._micro = 0
-        self._set_sync(self._k == 1)
+        self.merge.reset()
 
     set_state_dict = load_state_dict
 
@@ -306,8 +295,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         extras = []
-        if self._k > 1:
-            extras.append(f"k_steps={self._k}, avg={self._avg}")
+        if self.merge.k > 1:
+            extras.append(f"k_steps={self.merge.k}, avg={self.merge.avg}")
         if self.strategy.sharding_stage:
             extras.append(f"sharding=stage{self.strategy.sharding_stage}")
         if self.amp.enabled:

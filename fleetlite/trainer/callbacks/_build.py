@@ -32,7 +32,7 @@ def build_callbacks(trainer, callbacks, verbose: int, log_freq: int, epochs: int
         given.append(ModelCheckpoint(save_dir=str(trainer.save_dir)))
     steps = train.length() if train is not None else None
     params = {"epochs": epochs, "steps": steps, "verbose": verbose, "log_freq": log_freq, "batch_size": batch_size,
-              "world_size": trainer._connector.world_size}
+              "world_size": trainer.world_size}
     first = [cb for cb in given if isinstance(cb, LearningRateMonitor)]  # its lr feeds every logger and History
     rest = [cb for cb in given if not isinstance(cb, LearningRateMonitor)]
     return CallbackList(first + extra + rest, trainer=trainer, params=params)

@@ -206,7 +206,7 @@ class Preemption(Callback):
         self._boundaries, self._next_poll, self._last_poll = 0, 1, (time.perf_counter(), 0)
         t = self.trainer
         t.preempted = None
-        cbs = t._callbacks.find(ModelCheckpoint) if t._callbacks is not None else []
+        cbs = t.callbacks.find(ModelCheckpoint) if t.callbacks is not None else []
         self._own_save = not any(cb.save_last for cb in cbs)
         if self._own_save and self._directory() is None and is_rank_zero():
             warnings.warn("fleetlite: Preemption has no checkpoint directory (no ModelCheckpoint, no "

@@ -1,0 +1,117 @@
+"""What ``Trainer.fit`` resolves before its loop runs, each thing once: the arguments checked, the data
+adapters, the callbacks, the loop plan (:class:`~fleetlite.trainer.loops.FitPlan`) and, for a resume, the
+checkpoint loaded (:func:`~fleetlite.trainer.state.restore_for_fit`, the one load path). Also the checks of
+``compile``'s training objects (metrics, clipping).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import state
+from .callbacks import ModelCheckpoint
+from .callbacks._build import build_callbacks
+from .clipping import resolve_grad_clip
+from .connector import check_positive
+from .data_adapter import build_adapter, describe_sizes, keras_xy
+from .fit_state import ResumePoint
+from .keras_fit import apply_keras_options, check_call_order
+from .loops import FitPlan
+from .metrics import Metric
+from .torchmetrics_adapter import TorchMetric, is_torchmetric
+from .weighting import configure_weights
+
+__all__ = ["prepare_fit", "as_metrics", "resolve_clipping"]
+
+
+def as_metrics(metrics: Any) -> list[Metric]:
+    """``metrics`` (one, a list, torchmetrics ones) as a checked list of fleetlite metrics with unique names."""
+    metrics = [] if metrics is None else ([metrics] if isinstance(metrics, Metric) or is_torchmetric(metrics)
+                                           else list(metrics))
+    metrics = [TorchMetric(m) if is_torchmetric(m) else m for m in metrics]
+    for m in metrics:
+        if not isinstance(m, Metric):
+            raise TypeError(f"metrics must be fleetlite.metric.Metric instances, got {type(m).__name__}; "
+                            "subclass Metric (see fleetlite.metric.Accuracy)")
+    names = [n for m in metrics for n in m.names()]
+    if len(set(names)) != len(names):
+        raise ValueError(f"metric names must be unique, got {names}; pass name=... to tell them apart")
+    return metrics
+
+
+def resolve_clipping(current: list[Any], optimizer: Any, grad_clip: Any, clipnorm: float | None,
+                     clipvalue: float | None, global_clipnorm: float | None) -> list[Any]:
+    """``compile``'s clippers: the given ones (also Paddle's ``optimizer._grad_clip``), else ``current`` kept."""
+    given = grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip", None)
+    if given is not None or any(v is not None for v in (clipnorm, clipvalue, global_clipnorm)):
+        return resolve_grad_clip(given, clipnorm, clipvalue, global_clipnorm)
+    return current
+
+
+def _accumulate(t, accumulate_grad_batches: int) -> int | None:
+    """The fit's gradient-merge k: ``accumulate_grad_batches``, else None (the strategy's ``k_steps``)."""
+    if accumulate_grad_batches == 1:
+        return None
+    k = t.optimizer.merge.k
+    if k > 1 and k != accumulate_grad_batches:
+        raise ValueError(f"accumulate_grad_batches={accumulate_grad_batches} conflicts with the strategy's "
+                         f"gradient_merge k_steps={k}; set only one of them")
+    return accumulate_grad_batches
+
+
+def _checkpoint_dir(t, cbs) -> Path | None:
+    if t.save_dir is not None:
+        return t.save_dir
+    dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
+    return Path(dirs[0]) if dirs else None
+
+
+def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int, eval_freq: int, log_freq: int,
+                callbacks: Any, shuffle: bool, drop_last: bool, num_workers: int, accumulate_grad_batches: int,
+                num_iters: int | None, resume: Any, save_dir: str | os.PathLike | None, verbose: int, seed: int, *,
+                validation_split: float, steps_per_epoch: int | None, validation_steps: int | None,
+                initial_epoch: int, eval_steps: int | None, class_weight: Any, sample_weight: Any):
+    """(train adapter, eval adapter or None, callbacks, :class:`FitPlan`, :class:`ResumePoint` or None) of a fit.
+
+    Raises before any training when an argument, the data or the resume checkpoint does not fit.
+    """
+    xy = keras_xy(train_data, eval_data, "fit")
+    if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
+        train_data, eval_data = xy, None
+    if not getattr(t, "_paddle_hapi", False):
+        check_call_order(train_data, eval_data, batch_size, epochs, "keras")
+    t.terminated_on_nan = None
+    train_data, t.weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
+    train_data, eval_data = apply_keras_options(t, train_data, eval_data, batch_size, shuffle, drop_last,
+                                                num_workers, seed, validation_split, steps_per_epoch,
+                                                validation_steps, initial_epoch, eval_steps)
+    check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
+                   accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
+    t.setup(training=True)
+    plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps, _accumulate(t, accumulate_grad_batches))
+    t.save_dir = Path(save_dir) if save_dir is not None else None
+    pin = t.device.type == "cuda"
+    train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+    if train.length() == 0:
+        raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
+                         "nothing: use a smaller batch_size, drop_last=False, or more data")
+    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, False, False,
+                                                                  num_workers, 0, pin, "eval")
+    if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
+        raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
+    if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
+        callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
+    cbs = build_callbacks(t, callbacks, verbose, log_freq, epochs, train, batch_size, True)
+    cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
+    ckpt_dir = _checkpoint_dir(t, cbs)
+    if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
+        resume = "auto"  # BackupAndRestore
+    if resume is None:
+        state.warn_if_overwriting(ckpt_dir)
+    path = state.resolve_resume(resume, ckpt_dir)
+    point: ResumePoint | None = state.restore_for_fit(t, path, train) if path is not None else None
+    return train, evaluation, cbs, plan, point

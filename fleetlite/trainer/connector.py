@@ -30,8 +30,7 @@ from ..distributed.fleet.recompute import is_recomputed
 from ..parallel import DataParallel
 from ..parallel.sharded import ShardedDataParallel
 
-__all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled",
-           "strip_compile_prefix"]
+__all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled"]
 
 # Note [compile in place]
 # ``Trainer(compile=...)`` compiles the network with ``nn.Module.compile`` (torch.compile of the module's own
@@ -41,7 +40,6 @@ __all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "com
 # checkpoint loads into an uncompiled model and back. Dynamo traces at the first call, so the strategy's
 # changes to the forward (recompute, amp autocast) are compiled with it.
 _COMPILE_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
-_COMPILE_PREFIX = "_orig_mod."
 
 
 def check_positive(**values: Any) -> None:
@@ -101,12 +99,6 @@ def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, bool]:
         return orig, True
     return model, False
 
-
-def strip_compile_prefix(state: dict[str, Any]) -> dict[str, Any]:
-    """A state_dict saved from a ``torch.compile``-d module, with its ``_orig_mod.`` key prefixes removed."""
-    if not any(isinstance(k, str) and _COMPILE_PREFIX in k for k in state):
-        return state
-    return {(k.replace(_COMPILE_PREFIX, "") if isinstance(k, str) else k): v for k, v in state.items()}
 
 
 def _eager_recompute(network: nn.Module) -> None:

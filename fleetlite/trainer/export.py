@@ -20,10 +20,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from torch import nn
 
 from ..distributed import collective
 from ..utils.atomic import atomic_open, atomic_write_text, fsync_dir, temp_name
-from .connector import strip_compile_prefix
+from ..utils.weights import config_path, load_safetensors, read_config, require
 from .state import model_state
 
 __all__ = ["FORMATS", "export_model", "load_safetensors", "read_config", "config_path", "example_inputs_of",
@@ -41,31 +39,9 @@ __all__ = ["FORMATS", "export_model", "load_safetensors", "read_config", "config
 
 #: format -> the file suffix it is written with (added when ``path`` has none).
 FORMATS = {"safetensors": ".safetensors", "torch.export": ".pt2", "onnx": ".onnx"}
-_EXTRAS = {"safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnx", "mlflow": "mlflow",
-           "wandb": "wandb", "tensorboard": "tensorboard"}
 
 
-def require(module: str, what: str, extra: str | None = None):
-    """Import an optional dependency, or raise a one-line ImportError naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        package = module.split(".")[0]
-        extra = extra or _EXTRAS.get(package, package)
-        how = f"pip install {package} (a fleetlite dependency)" if extra == "safetensors" else \
-            f"pip install 'fleetlite[{extra}]'"
-        raise ImportError(f"{what} needs the {package} package, which is not installed: {how}") from None
 
-
-def config_path(path: str | os.PathLike) -> Path:
-    """Where the config of an exported file lives: ``model.safetensors`` -> ``model.json``."""
-    return Path(path).with_suffix(".json")
-
-
-def read_config(path: str | os.PathLike) -> Any:
-    """The config written alongside an exported file (None when there is none)."""
-    p = config_path(path)
-    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
 
 
 def example_inputs_of(inputs: Sequence[Any], rows: int = 2) -> tuple[torch.Tensor, ...]:
@@ -174,15 +150,6 @@ def _save_onnx(model: nn.Module, path: Path, example_inputs: tuple, dynamic_batc
         with contextlib.suppress(OSError):
             tmp.unlink()
 
-
-def load_safetensors(model: nn.Module, path: str | os.PathLike, strict: bool = True) -> nn.Module:
-    """Load weights written by ``export(format="safetensors")`` into ``model``; returns ``model``."""
-    st = require("safetensors.torch", "loading a .safetensors file", "safetensors")
-    missing, unexpected = model.load_state_dict(strip_compile_prefix(st.load_file(str(path))), strict=strict)
-    if not strict and (missing or unexpected):
-        warnings.warn(f"fleetlite: {path}: missing {sorted(missing)[:10]}, unexpected {sorted(unexpected)[:10]}",
-                      stacklevel=2)
-    return model
 
 
 def example_inputs_of_batch(split_batch, batch: Any) -> tuple[torch.Tensor, ...]:

@@ -41,8 +41,8 @@ from .. import __version__
 from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
 from ..distributed import collective
 from ..utils.user_warning import warn_user
+from ..utils.weights import strip_compile_prefix
 from .checkpoint import LATEST, CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
-from .connector import strip_compile_prefix
 from .fit_state import ResumePoint
 
 __all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",

@@ -23,11 +23,12 @@ from torch import nn
 
 from ..io.evaluation import trim_batch
 from ..parallel import DataParallel
+from ..utils.weights import strip_compile_prefix
 from . import export, loops, state
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
 from .clipping import clip_gradients
-from .connector import Connector, check_positive, plain_config, strip_compile_prefix, unwrap_compiled
+from .connector import Connector, check_positive, plain_config, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState

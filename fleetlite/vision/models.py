@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..utils.weights import load_safetensors, read_config
+
 __all__ = ["TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "resnet18", "fast", "build_model", "MODELS",
            "from_safetensors"]
 
@@ -221,14 +223,11 @@ def from_safetensors(path: str, **overrides) -> nn.Module:
     The JSON's ``model`` entry names the network and its arguments (``num_classes`` included); keyword
     ``overrides`` replace them. Example: ``net = from_safetensors("outputs/.../model.safetensors")``.
     """
-    # upward (vision -> trainer), allowed by one ignore in pyproject.toml until the export helpers move down
-    from ..trainer.export import load_safetensors, read_config
-
     config = read_config(path)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict) or "name" not in config["model"]:
         raise ValueError(f"{path}: no model description alongside it (expected a JSON file next to it with "
                          "model: {name: ..., num_classes: ...}, as the recipe writes); build the network "
-                         "yourself and use fleetlite.trainer.export.load_safetensors(net, path)")
+                         "yourself and use fleetlite.utils.weights.load_safetensors(net, path)")
     kwargs = {k: v for k, v in config["model"].items() if k not in ("name", "whiten")}
     kwargs.update(overrides)
     return load_safetensors(build_model(config["model"]["name"], **kwargs), path).eval()

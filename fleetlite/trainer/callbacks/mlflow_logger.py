@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..export import require
+from ...utils.weights import require
 from .tracker import Tracker
 
 __all__ = ["MLflowLogger"]

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..export import require
+from ...utils.weights import require
 from .tracker import Tracker, numeric_logs
 
 __all__ = ["WandbCallback"]

@@ -24,9 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .state import build_state
 
-__all__ = ["save_dcp", "read_dcp_state", "load_dcp_weights", "TRAINER_FILE"]
+__all__ = ["keeps_optimizer", "write_dcp", "read_dcp_state", "load_dcp_weights", "TRAINER_FILE"]
 
 TRAINER_FILE = "trainer.pt"
 
@@ -54,17 +53,20 @@ def _app_state(trainer) -> dict[str, Any]:
     return state
 
 
-def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = False):
-    """Write the training state as a DCP directory (collective); returns a :class:`fleetlite.checkpoint.PendingSave`.
+def keeps_optimizer(trainer) -> bool:
+    """Whether ``trainer.pt`` must carry the optimizer (stage 1's consolidated one, which DCP cannot shard)."""
+    return trainer.optimizer is not None and _optimizer(trainer) is None
 
-    The model and optimizer shards are staged (copied) before this returns, so training may go on while an
-    async save writes them.
+
+def write_dcp(trainer, path: str | Path, trainer_state: dict[str, Any] | None, latest: bool = True,
+              async_save: bool = False):
+    """Write the model/optimizer shards and ``trainer_state`` (as ``trainer.pt``) as a DCP directory (collective).
+
+    Returns a :class:`fleetlite.checkpoint.PendingSave`; the shards are staged (copied) before this returns,
+    so training may go on while an async save writes them. ``trainer_state`` comes from
+    :func:`fleetlite.trainer.state.save_dcp`, which is what callers use.
     """
-    if not trainer.at_step_boundary:
-        raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
-    keep_optimizer = trainer.optimizer is not None and _optimizer(trainer) is None
-    state = build_state(trainer, weights=False, optimizer=keep_optimizer)
-    files = {} if state is None else {TRAINER_FILE: lambda p: save_checkpoint(state, p)}
+    files = {} if trainer_state is None else {TRAINER_FILE: lambda p: save_checkpoint(trainer_state, p)}
     meta = {"global_step": trainer.global_step, "epoch": trainer.epoch,
             "stage": trainer.strategy.sharding_stage if trainer.strategy is not None else 0}
     return dcp_ckpt.save(_app_state(trainer), path, rank0_files=files, meta=meta, async_save=async_save,

@@ -43,9 +43,10 @@ from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
 from .checkpoint import LATEST, CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from .dcp_state import keeps_optimizer, load_dcp_weights, read_dcp_state, write_dcp
 from .fit_state import ResumePoint
 
-__all__ = ["build_state", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
+__all__ = ["build_state", "save_dcp", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
            "rank_entry", "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
@@ -128,6 +129,19 @@ def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hin
             raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
                                         f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
                                         f"class; {hint}")
+
+
+def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = False):
+    """Write the training state as a DCP directory (collective); returns a :class:`fleetlite.checkpoint.PendingSave`.
+
+    The Trainer's own entries go to ``trainer.pt`` (built here, as for a plain checkpoint); the model and
+    optimizer shards are staged (copied) before this returns, so training may go on while an async save
+    writes them.
+    """
+    if not trainer.at_step_boundary:
+        raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
+    state = build_state(trainer, weights=False, optimizer=keeps_optimizer(trainer))
+    return write_dcp(trainer, path, state, latest=latest, async_save=async_save)
 
 
 def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
@@ -249,7 +263,6 @@ def read_resume(path: Path) -> dict[str, Any]:
     state, error = None, None
     try:
         if path.is_dir():
-            from .dcp_state import read_dcp_state  # cycle: dcp_state builds its trainer.pt with this module
 
             state = read_dcp_state(path, REQUIRED)
         else:
@@ -301,7 +314,6 @@ def restore_for_fit(t, path: Path, train) -> ResumePoint:
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-        from .dcp_state import load_dcp_weights  # cycle: dcp_state builds its trainer.pt with this module
 
         load_dcp_weights(t, path, s)
     else:

@@ -24,7 +24,7 @@ from ...distributed import collective
 from ...utils.atomic import atomic_write_text
 from ...utils.user_warning import warn_user
 from ..checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale_temporaries
-from ..dcp_state import save_dcp
+from ..state import save_dcp
 from .base import Callback, is_rank_zero
 from .monitor import MonitorMixin, missing_monitor, resolve_mode
 

@@ -38,16 +38,16 @@ _WHITENING_IMAGES = 5000
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> this rank's GPU when CUDA is present, else the CPU; ``cuda`` without CUDA is an error.
 
-    The rank's GPU is ``ParallelEnv().device``, the one place that decides it
-    (``init_parallel_env`` makes it the current device).
+    The connector decides (``fleetlite.trainer.connector.resolve_device``, Note [one device, one process
+    group]); this only words its error for the recipe's ``device=`` key.
     """
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available here; use device=auto or device=cpu")
-    if device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    from fleetlite.distributed import ParallelEnv
+    from fleetlite.trainer.connector import resolve_device as rank_device
 
-    return ParallelEnv().device
+    try:
+        return rank_device(device)
+    except ValueError:
+        raise ConfigError(f"device={device} but no CUDA device is available here; use device=auto or "
+                          "device=cpu") from None
 
 
 def apply_speed_flags(trainer_cfg: DictConfig, device: torch.device) -> dict[str, bool]:
@@ -104,7 +104,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                rank: int = 0) -> Data:
     """Load (rank 0 first: it downloads) and wrap both splits in :class:`fleetlite.io.TensorLoader`.
 
-    ``trainer.batch_size`` is global: each rank's loader takes ``batch_size // world_size``.
+    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size // world_size``.
     """
     from fleetlite.io import TensorLoader
 
@@ -127,16 +127,16 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
     keep = device if cfg.on_device else None
     common = dict(channels_last=bool(cfg.channels_last), device=keep, num_replicas=world_size, rank=rank,
                   pad_mode=cfg.pad_mode.value)
-    train_bs = max(int(trainer_cfg.batch_size) // world_size, 1)
-    test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.batch_size) // world_size, 1)
+    train_bs = max(int(trainer_cfg.global_batch_size) // world_size, 1)
+    test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size) // world_size, 1)
     train = TensorLoader(x_train, y_train, batch_size=train_bs, shuffle=True, drop_last=True,
                          augment=bool(cfg.augment), seed=int(cfg.seed), **common)
     test = TensorLoader(x_test, y_test, batch_size=test_bs, shuffle=False, drop_last=False, augment=False,
                         seed=int(cfg.seed), **common)
     if len(train) == 0:
         raise ConfigError(f"data: {x_train.shape[0]} training samples make no full batch of "
-                          f"{train_bs} per rank ({world_size} ranks, trainer.batch_size={trainer_cfg.batch_size}); "
-                          "lower trainer.batch_size or raise data.train_size")
+                          f"{train_bs} per rank ({world_size} ranks, trainer.global_batch_size={trainer_cfg.global_batch_size}); "
+                          "lower trainer.global_batch_size or raise data.train_size")
     n = min(_WHITENING_IMAGES, x_train.shape[0])
     plain = TensorLoader(x_train[:n], y_train[:n], batch_size=n, shuffle=False, augment=False, num_replicas=1,
                          rank=0, device=keep)

@@ -33,24 +33,55 @@ import itertools
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .validate import (
     ConfigError,
     check_config,
     check_restartable,
     check_run_dir,
+    choose_resume_checkpoint,
     describe_compose_error,
-    find_resume_checkpoint,
 )
 
-__all__ = ["prepare_cli", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
+__all__ = ["prepare_cli", "take_preflight", "Preflight", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
 
 #: Exit status of a run refused before training (bad config, data, run directory).
 EXIT_CONFIG = 2
 _HYDRA_INFO_FLAGS = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "config_path",
                      "config_dir", "experimental_rerun")
 _MAX_SWEEP_CHECKS = 64
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What :func:`prepare_cli` settled for a single run, handed on to the job (:func:`take_preflight`).
+
+    ``resume`` is the agreed checkpoint path (None: a fresh start); ``loaded`` is what rank 0 read while
+    choosing it (a ``LoadedCheckpoint`` for ``resume=latest``/``auto``, else None), so it is not read again.
+
+    Example::
+
+        Preflight(run_dir=Path("/abs/outputs/a"), resume=None, loaded=None)
+    """
+
+    run_dir: Path
+    resume: str | None
+    loaded: Any = None
+
+
+_handed_on: Preflight | None = None
+
+
+def take_preflight(run_dir: str | os.PathLike) -> Preflight | None:
+    """The preflight's result for the job writing to ``run_dir`` (once; None for a multirun job or without one)."""
+    global _handed_on
+    found, _handed_on = _handed_on, None
+    if found is None or found.run_dir != Path(run_dir).resolve():
+        return None
+    return found
 
 
 def rank() -> int:
@@ -109,10 +140,6 @@ def _compose(config_dir: str, config_name: str, overrides: list[str]):
         return compose(config_name=config_name, overrides=overrides)
 
 
-def _backend(device: str) -> str:
-    return {"cpu": "gloo", "cuda": "nccl"}.get(device, "auto")
-
-
 def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None) -> list[str]:
     """Check the Hydra command line in ``sys.argv`` and pin one run directory for every rank.
 
@@ -150,9 +177,10 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
             break
         cfgs.append(cfg)
     if n > 1:
-        from fleetlite.distributed import all_gather_object, init_parallel_env
+        from fleetlite.distributed import all_gather_object
+        from fleetlite.trainer.connector import init_process_group
 
-        init_parallel_env(backend=_backend(cfgs[0].device.value) if error is None else "auto")
+        init_process_group(cfgs[0].device.value if error is None else "auto")  # the connector's; the job reuses it
         # every rank learns every rank's verdict: a rank whose config alone is bad must not leave the others waiting
         failed = [(r, e) for r, e in enumerate(all_gather_object(error)) if e is not None]
         if failed:
@@ -163,16 +191,17 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         fail(error)
     cfg = cfgs[0]
     answer: dict = {}
+    chosen = None
     if rank() == 0:
         try:
             run_dir = str(cfg.run_dir)  # resolves ${launch_time:...} once, here
             note = check_restartable(cfg.resume, _raw_run_dir(cfg))
             if note:
                 print(f"warning: {note}", file=sys.stderr, flush=True)
-            if not args.multirun:  # multirun jobs check their own run_dir/<job> directory
-                find_resume_checkpoint(cfg.resume, run_dir)
+            if not args.multirun:  # multirun jobs choose in their own run_dir/<job> directory
+                chosen = choose_resume_checkpoint(cfg.resume, run_dir)
             check_run_dir(run_dir)
-            answer = {"run_dir": run_dir}
+            answer = {"run_dir": run_dir, "resume": None if chosen is None else os.fspath(chosen)}
         except ConfigError as e:
             answer = {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - e.g. a bad interpolation in run_dir
@@ -180,6 +209,8 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     answer = agree(answer)
     if "error" in answer:
         fail(answer["error"])
+    global _handed_on
+    _handed_on = None if args.multirun else Preflight(Path(answer["run_dir"]).resolve(), answer["resume"], chosen)
     flags = (["--multirun"] if args.multirun else []) + (["--run"] if args.run else [])
     new_args = flags + [a for a in args.overrides if not _sets_run_dir(a)] + [f"run_dir={_quote(answer['run_dir'])}"]
     if rank() != 0:

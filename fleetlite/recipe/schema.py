@@ -227,12 +227,13 @@ class CallbacksConfig:
 
 @dataclass
 class TrainerConfig:
-    """``trainer/``: the loop's knobs. ``batch_size`` is global: each of N ranks takes batch_size // N."""
+    """``trainer/``: the loop's knobs. ``global_batch_size`` is the batch of one step over all ranks: each of N
+    ranks takes global_batch_size // N (``Trainer.fit(batch_size=)`` is per rank)."""
 
     epochs: int = 10
     max_steps: int | None = None        # stop after this many optimizer steps (a slice; resume=latest continues)
-    batch_size: int = 128
-    eval_batch_size: int | None = 512  # None: batch_size
+    global_batch_size: int = 128
+    eval_batch_size: int | None = 512  # global too; None: global_batch_size
     eval_freq: int = 1                  # evaluate every N epochs (and after the last)
     log_freq: int = 10                  # progress/log every N steps
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)

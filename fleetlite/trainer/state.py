@@ -36,6 +36,7 @@ import torch
 from ..utils.user_warning import warn_user
 from .checkpoint import (
     CheckpointError,
+    LoadedCheckpoint,
     capture_rng_state,
     load_checkpoint,
     restore_rng_state,
@@ -219,12 +220,16 @@ def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
     ``resume``: None/False (fresh), a file path, a directory (its newest valid
     checkpoint), ``"latest"`` (the newest valid checkpoint of ``directory``,
     falling back with a warning; an error when there is none) or ``"auto"``
-    (like ``"latest"`` but a fresh start when there is none).
+    (like ``"latest"`` but a fresh start when there is none), or a
+    :class:`~fleetlite.trainer.checkpoint.LoadedCheckpoint` (a file the caller
+    already read on every rank, kept as it is).
     """
     from ..distributed import collective
 
     if resume is None or resume is False:
         return None
+    if isinstance(resume, LoadedCheckpoint):  # already read (and agreed) by the caller: not read again
+        return resume
     choice: str | None = None
     error: str | None = None
     if collective.get_rank() == 0:
@@ -330,7 +335,8 @@ def restore_for_fit(t, path: Path, train) -> dict[str, Any]:
     the loop (Note [resume order]). Raises ``CheckpointError`` naming the file
     when it does not fit the model or the run.
     """
-    s = read_resume(path)
+    s = path.state if isinstance(path, LoadedCheckpoint) else read_resume(path)
+    path = Path(path)
     world = t._connector.world_size
     if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
         raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "

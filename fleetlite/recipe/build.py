@@ -135,7 +135,8 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                         seed=int(cfg.seed), **common)
     if len(train) == 0:
         raise ConfigError(f"data: {x_train.shape[0]} training samples make no full batch of "
-                          f"{train_bs} per rank ({world_size} ranks, trainer.global_batch_size={trainer_cfg.global_batch_size}); "
+                          f"{train_bs} per rank ({world_size} ranks, "
+                          f"trainer.global_batch_size={trainer_cfg.global_batch_size}); "
                           "lower trainer.global_batch_size or raise data.train_size")
     n = min(_WHITENING_IMAGES, x_train.shape[0])
     plain = TensorLoader(x_train[:n], y_train[:n], batch_size=n, shuffle=False, augment=False, num_replicas=1,

@@ -50,8 +50,9 @@ __all__ = ["prepare_cli", "take_preflight", "Preflight", "fail", "agree", "rank"
 
 #: Exit status of a run refused before training (bad config, data, run directory).
 EXIT_CONFIG = 2
+# passed to Hydra unchecked (--config-path replaces the recipe's config folder: Hydra checks that itself)
 _HYDRA_INFO_FLAGS = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "config_path",
-                     "config_dir", "experimental_rerun")
+                     "experimental_rerun")
 _MAX_SWEEP_CHECKS = 64
 
 
@@ -133,10 +134,14 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     return plain, combos
 
 
-def _compose(config_dir: str, config_name: str, overrides: list[str]):
+def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir: str | None = None):
+    """The config as Hydra will compose it; ``extra_dir`` (``--config-dir``) is searched as well, first."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+    primary = str(Path(config_dir).resolve())
+    if extra_dir is not None:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
+        primary, overrides = extra_dir, [*overrides, f"hydra.searchpath=[file://{primary}]"]
+    with initialize_config_dir(config_dir=primary, version_base="1.3"):
         return compose(config_name=config_name, overrides=overrides)
 
 
@@ -154,8 +159,10 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     register_configs()
     args_in = list(sys.argv[1:] if argv is None else argv)
     args = get_args_parser().parse_intermixed_args(args_in)  # Hydra's parser; flags may follow overrides here
-    if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS) or args.config_name:
+    if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS):
         return args_in
+    config_name = args.config_name or config_name  # --config-name NAME: a config of the user's (--config-dir DIR)
+    extra_dir = str(Path(args.config_dir).resolve()) if args.config_dir else None
     try:
         _, combos = _split_overrides(args.overrides)
     except Exception as e:  # noqa: BLE001 - Hydra's parser raises several types; all are user errors
@@ -167,7 +174,7 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     cfgs, error = [], None
     for overrides in combos:
         try:
-            cfg = _compose(str(config_dir), config_name, overrides)
+            cfg = _compose(str(config_dir), config_name, overrides, extra_dir)
             check_config(cfg, world_size=n)
         except ConfigError as e:
             error = str(e)
@@ -212,6 +219,8 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     global _handed_on
     _handed_on = None if args.multirun else Preflight(Path(answer["run_dir"]).resolve(), answer["resume"], chosen)
     flags = (["--multirun"] if args.multirun else []) + (["--run"] if args.run else [])
+    flags += (["--config-dir", extra_dir] if extra_dir else []) + (["--config-name", args.config_name]
+                                                                  if args.config_name else [])
     new_args = flags + [a for a in args.overrides if not _sets_run_dir(a)] + [f"run_dir={_quote(answer['run_dir'])}"]
     if rank() != 0:
         new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]

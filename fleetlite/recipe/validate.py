@@ -23,6 +23,7 @@ import difflib
 import importlib
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,9 @@ def describe_compose_error(exc: BaseException) -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     cause = exc.__cause__
+    named = re.search(r"full_key: (\S+)", str(exc))  # a config file's key (the error of an override has a cause)
+    if named and _renamed(named.group(1)):
+        return str(_renamed(named.group(1)))
     if isinstance(exc, MissingConfigException):
         missing = exc.missing_cfg_file or _first_line(str(exc))
         group, _, option = str(missing).rpartition("/")

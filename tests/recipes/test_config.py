@@ -170,3 +170,16 @@ def test_airbench_experiment_sets_every_group_it_names():
     assert cfg.strategy.amp and cfg.strategy.amp_configs.dtype.value == "bfloat16"
     assert cfg.data.channels_last and cfg.trainer.global_batch_size == 1024 and cfg.trainer.label_smoothing == 0.2
     assert "experiment" not in cfg  # a preset, not a config key
+
+
+def test_the_strategy_schema_is_the_strategy_table():
+    """Issue 12 item 4: the recipe's strategy group has DistributedStrategy's fields, types and defaults, generated
+    from its one table (a field added there appears here, with its default)."""
+    from fleetlite.distributed.fleet import DistributedStrategy
+    from fleetlite.recipe.schema import StrategyConfig
+
+    schema = OmegaConf.to_container(OmegaConf.structured(StrategyConfig), enum_to_str=True)
+    assert set(schema) == set(DistributedStrategy.field_names())
+    assert schema == DistributedStrategy().to_dict()
+    cfg = _compose("strategy=sharding2")
+    assert DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, enum_to_str=True)).sharding_stage == 2

@@ -6,8 +6,6 @@ import runpy
 import sys
 from pathlib import Path
 
-from .distributed.launch import _launcher_options  # torchrun's own option table decides which options take a value
-from .distributed.launch import main as launch_main
 from .recipe.catalog import CatalogError, config_names, copy_out, find_recipe, recipe_names
 
 USAGE = """usage: fleetlite <command> [args]
@@ -47,6 +45,10 @@ def _split_config(args: list[str]) -> list[str]:
 
 def run(argv: list[str]) -> int:
     """``fleetlite run [torchrun options] RECIPE [overrides]``: in this process, or through ``fleetlite launch``."""
+    # local: fleetlite.distributed imports torch (seconds), which fleetlite ls/cp/--help do not need
+    from .distributed.launch import _launcher_options  # torchrun's own option table: which options take a value
+    from .distributed.launch import main as launch_main
+
     launcher, rest = _launcher_options(argv)
     if not rest or rest[0] == "--":
         raise SystemExit("fleetlite run: name a recipe, e.g. fleetlite run cifar10 data=synthetic "
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "launch":
+        from .distributed.launch import main as launch_main  # local: torch only for the commands that run
+
         return launch_main(rest)
     if cmd == "run":
         return run(rest)

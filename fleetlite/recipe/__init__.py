@@ -1,4 +1,4 @@
-"""Support for the Hydra recipes in ``recipes/`` (configs in ``conf/``): one concept per module.
+"""Support for the Hydra recipes in ``fleetlite/recipes/`` (configs in ``fleetlite/conf/``): one concept per module.
 
 * :mod:`fleetlite.recipe.schema`    dataclass schemas of every config group, registered in Hydra's ConfigStore
 * :mod:`fleetlite.recipe.validate`  value checks and one-line config errors
@@ -6,6 +6,7 @@
 * :mod:`fleetlite.recipe.build`     config -> data, model, optimizer, schedule, strategy, callbacks
 * :mod:`fleetlite.recipe.run`       a job's start (device, run directory, resume) and finish (plot, report)
 * :mod:`fleetlite.recipe.plot`      the training-curves PNG
+* :mod:`fleetlite.recipe.catalog`   the shipped recipes (fleetlite/recipes/) and configs (fleetlite/conf/)
 
 Nothing is imported here: each recipe imports the modules it uses.
 """

@@ -23,6 +23,16 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fleetlite import callbacks as cb
+from fleetlite.distributed.fleet import DistributedStrategy
+from fleetlite.distributed.fleet.checkpointing import resolve_checkpoints
+from fleetlite.io import TensorLoader
+from fleetlite.trainer.connector import resolve_device as rank_device
+from fleetlite.vision import datasets
+from fleetlite.vision.models import build_model as build_vision_model
+
+from .preflight import agree
+from .runlog import EpochLog
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
 __all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
@@ -41,8 +51,6 @@ def resolve_device(device: str) -> torch.device:
     The connector decides (``fleetlite.trainer.connector.resolve_device``, Note [one device, one process
     group]); this only words its error for the recipe's ``device=`` key.
     """
-    from fleetlite.trainer.connector import resolve_device as rank_device
-
     try:
         return rank_device(device)
     except ValueError:
@@ -81,8 +89,6 @@ class Data:
 
 
 def _load_split(cfg: DictConfig, mode: str, size: int | None, download: bool):
-    from fleetlite.vision import datasets
-
     if cfg.name.value == "synthetic":
         ds = datasets.SyntheticCifar10(mode=mode, size=size, seed=int(cfg.seed))
         return ds.as_tensors(), list(ds.classes)
@@ -106,10 +112,6 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
 
     ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size // world_size``.
     """
-    from fleetlite.io import TensorLoader
-
-    from .preflight import agree
-
     splits: dict[str, Any] = {}
     error = None
     if rank == 0:  # rank 0 alone may download; the others read its files afterwards
@@ -151,10 +153,8 @@ def build_model(cfg: DictConfig, num_classes: int, whitening_images: torch.Tenso
 
     ``channels_last`` puts the weights in NHWC, to match channels-last input batches.
     """
-    from fleetlite.vision.models import build_model as build
-
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("name", "whiten")}
-    model = build(cfg.name, num_classes=num_classes, **kwargs)
+    model = build_vision_model(cfg.name, num_classes=num_classes, **kwargs)
     if cfg.name == "fast" and cfg.whiten and whitening_images is not None:
         model.to(whitening_images.device).init_whitening(whitening_images)
     if channels_last:
@@ -223,8 +223,6 @@ def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
     """With ``strategy.recompute``, every name in ``recompute_configs.checkpoints`` must be a submodule."""
     if not cfg.recompute:
         return
-    from fleetlite.distributed.fleet.checkpointing import resolve_checkpoints
-
     try:
         resolve_checkpoints(model, list(cfg.recompute_configs.checkpoints))
     except (KeyError, ValueError, TypeError) as e:
@@ -234,8 +232,6 @@ def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
 
 def build_strategy(cfg: DictConfig):
     """The ``fleet.DistributedStrategy`` the ``strategy`` group describes."""
-    from fleetlite.distributed.fleet import DistributedStrategy
-
     return DistributedStrategy.from_dict(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
@@ -246,10 +242,6 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
     Paths are absolute, inside ``run_dir``. The progress bar is the Trainer's
     own (``fit(verbose=1)``, rank 0 only).
     """
-    from fleetlite import callbacks as cb
-
-    from .runlog import EpochLog
-
     c = cfg.callbacks
     run_dir = Path(run_dir).resolve()
     out: list = [EpochLog()]  # the epoch metrics in the run log
@@ -280,8 +272,6 @@ def build_loggers(cfg: DictConfig, trainer_cfg: DictConfig, run_dir: str | Path)
     when ``trainer.callbacks`` already writes the same file. Missing packages fail here, before training,
     with the ``pip install 'fleetlite[...]'`` line.
     """
-    from fleetlite import callbacks as cb
-
     run_dir = Path(run_dir).resolve()
     c = trainer_cfg.callbacks
     out: list = []

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -26,8 +27,6 @@ _PANELS = (("loss", ("loss", "train_loss"), ("val_loss", "eval_loss")),
 
 
 def matplotlib_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 
@@ -69,7 +68,7 @@ def plot_training_curves(csv_path: str | os.PathLike, png_path: str | os.PathLik
     epochs = cols.get("epoch")
     if not epochs:
         return None
-    import matplotlib
+    import matplotlib  # matplotlib: optional (fleetlite[plot]) and slow to import
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure

@@ -8,14 +8,16 @@ fixes both before Hydra starts:
 1. compose the config exactly as Hydra will (each sweep value of ``-m``
    too) and check it (:mod:`fleetlite.recipe.validate`): a bad override
    stops every rank with ONE line on stderr (from rank 0) and exit status 2;
-2. when several ranks run, initialise the process group; every rank learns
+2. when several ranks run, start the process group (the connector's
+   ``init_process_group``, Note [one device, one process group]); every rank learns
    every rank's verdict (a config bad on one rank only stops all of them),
    and ranks that composed different configs (other command lines, conf/
    files or environment) stop with the differences listed;
 3. let rank 0 resolve ``run_dir`` (``${launch_time:...}``: one directory for
    all elastic restarts, :func:`~fleetlite.recipe.validate.check_restartable`),
-   create it and prove it writable, find the checkpoint ``resume=`` names;
-   every rank gets rank 0's answer (or its error);
+   create it and prove it writable, choose the checkpoint ``resume=`` names
+   (reading it at most once); every rank gets rank 0's answer (or its error),
+   and the job gets the result (:func:`take_preflight`) instead of working it out again;
 4. rewrite ``sys.argv`` so every rank passes the same ``run_dir=...``, and
    ranks other than 0 pass ``hydra.output_subdir=null`` and disabled Hydra
    logging: only rank 0 writes into the run directory.
@@ -37,6 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from fleetlite.distributed import all_gather_object, is_initialized
+from fleetlite.distributed.env import read_env
+from fleetlite.distributed.faults import RankMismatchError, check_same_across_ranks
+from fleetlite.trainer.connector import init_process_group
+
+from .schema import register_configs
 from .validate import (
     ConfigError,
     check_config,
@@ -87,15 +97,13 @@ def take_preflight(run_dir: str | os.PathLike) -> Preflight | None:
 
 def rank() -> int:
     """This process's rank from the launcher's variables (0 when not launched)."""
-    from fleetlite.distributed.env import read_env
-
     return read_env().rank
 
 
-def world_size() -> int:
-    from fleetlite.distributed.env import read_env
 
+def world_size() -> int:
     return read_env().world_size
+
 
 
 def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> None:
@@ -111,14 +119,12 @@ def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> N
 
 def agree(value):
     """Rank 0's ``value`` on every rank (``value`` itself when no process group exists)."""
-    from fleetlite.distributed import all_gather_object, is_initialized
-
     return all_gather_object(value)[0] if is_initialized() else value
 
 
 def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     """Config overrides (no hydra.* ones) as a list of override lists: one per sweep combination."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra: heavy, only for the recipes
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     plain, sweeps = [], []
@@ -136,7 +142,7 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
 
 def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir: str | None = None):
     """The config as Hydra will compose it; ``extra_dir`` (``--config-dir``) is searched as well, first."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_dir  # hydra: heavy, only for the recipes
 
     primary = str(Path(config_dir).resolve())
     if extra_dir is not None:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
@@ -152,9 +158,7 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     :func:`fail` (one line, exit status 2) on bad input. Informational Hydra
     flags (``--help``, ``--cfg``, ``--info``...) are passed through untouched.
     """
-    from hydra._internal.utils import get_args_parser
-
-    from .schema import register_configs
+    from hydra._internal.utils import get_args_parser  # hydra: heavy, only for the recipes
 
     register_configs()
     args_in = list(sys.argv[1:] if argv is None else argv)
@@ -184,9 +188,6 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
             break
         cfgs.append(cfg)
     if n > 1:
-        from fleetlite.distributed import all_gather_object
-        from fleetlite.trainer.connector import init_process_group
-
         init_process_group(cfgs[0].device.value if error is None else "auto")  # the connector's; the job reuses it
         # every rank learns every rank's verdict: a rank whose config alone is bad must not leave the others waiting
         failed = [(r, e) for r, e in enumerate(all_gather_object(error)) if e is not None]
@@ -230,17 +231,11 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
 
 def _raw_run_dir(cfg) -> str:
     """``run_dir`` as written, interpolations unresolved (``outputs/${launch_time:%Y-%m-%d}/...``)."""
-    from omegaconf import OmegaConf
-
     return str(OmegaConf.to_container(cfg, resolve=False).get("run_dir"))
 
 
 def _check_same_config(cfgs) -> None:
     """Fail (exit 2, one line showing the differences) when the ranks composed different configs."""
-    from omegaconf import OmegaConf
-
-    from fleetlite.distributed.faults import RankMismatchError, check_same_across_ranks
-
     plain = []
     for c in cfgs:
         d = OmegaConf.to_container(c, resolve=True, enum_to_str=True)

@@ -1,15 +1,18 @@
 """The life of one recipe job: where it runs and writes (start), and what it leaves behind (finish).
 
 ``start_run`` is called first thing in the ``@hydra.main`` function. It
-initialises the process group (idempotent; the preflight usually did it),
-seeds every rank alike, picks the device, and settles the run directory
-(Hydra's output directory, the same on every rank; only rank 0 writes there)
-and the checkpoint ``resume=`` names. ``finish_run`` draws the training
-curves and prints the final lines on rank 0.
+asks the connector for the device and the process group (Note [one device,
+one process group]; under a launcher the preflight started the group),
+seeds every rank alike, and takes the run directory (Hydra's output
+directory, the same on every rank; only rank 0 writes there) and the
+checkpoint the preflight chose (a multirun job chooses its own). A resumed
+checkpoint file is read once: what choosing it read is handed to
+``fit(resume=...)`` as a ``LoadedCheckpoint``. ``finish_run`` draws the
+training curves and prints the final lines on rank 0.
 
 Example::
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="cifar10")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="cifar10")
     def main(cfg):
         run = start_run(cfg)
         ...
@@ -27,6 +30,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, open_dict
 
+from fleetlite.distributed import all_gather_object, get_rank, get_world_size, is_initialized, read_env
+from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
+from fleetlite.trainer.connector import init_process_group
+from fleetlite.trainer.state import REQUIRED
+
+from . import plot as curves
 from .build import METRICS_FILE, PLOT_FILE, apply_speed_flags, resolve_device
 from .preflight import Preflight, agree, take_preflight
 from .validate import CHECKPOINT_SUBDIR, ConfigError, choose_resume_checkpoint
@@ -61,10 +70,7 @@ class Run:
 
 def start_run(cfg: DictConfig) -> Run:
     """Process group, seed, device, run directory and resume checkpoint of this job (see the module doc)."""
-    from hydra.core.hydra_config import HydraConfig  # hydra: a recipe dependency, not fleetlite's
-
-    from fleetlite.distributed import get_rank, get_world_size, read_env
-    from fleetlite.trainer.connector import init_process_group
+    from hydra.core.hydra_config import HydraConfig  # hydra: heavy, only inside a recipe's Hydra job
 
     device = resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
     init_process_group(cfg.device.value)  # the connector's: under a launcher the preflight already started it
@@ -86,8 +92,6 @@ def start_run(cfg: DictConfig) -> Run:
 
 def _choose_resume(resume: str | None, run_dir: Path) -> Preflight:
     """Rank 0 chooses the checkpoint ``resume`` names (reading it at most once); every rank gets its answer."""
-    from fleetlite.distributed import get_rank
-
     answer: dict[str, Any] = {}
     chosen = None
     if get_rank() == 0:
@@ -105,10 +109,6 @@ def _choose_resume(resume: str | None, run_dir: Path) -> Preflight:
 def _read_once(pre: Preflight):
     """The checkpoint to hand to ``fit(resume=...)``: a file read once on every rank (a ``LoadedCheckpoint``; rank 0
     may have read it already while choosing), a sharded checkpoint directory as its path (the Trainer reads it)."""
-    from fleetlite.distributed import all_gather_object, is_initialized
-    from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
-    from fleetlite.trainer.state import REQUIRED
-
     if pre.resume is None:
         return None
     path = Path(pre.resume)
@@ -160,17 +160,15 @@ def finish_run(run: Run, final: dict[str, Any], plot: bool = True) -> dict[str, 
     result = {"acc": _value(final, "acc", "accuracy", "val_acc"), "loss": _value(final, "loss", "val_loss")}
     if not run.is_main:
         return result
-    from .plot import matplotlib_available, missing_note, plot_training_curves
-
     lines = [f"final validation accuracy: {result['acc']:.4f} (loss {result['loss']:.4f})",
              f"run directory: {run.dir}"]
     csv_path = run.dir / METRICS_FILE
     if plot and csv_path.exists():
-        if matplotlib_available():
-            png = plot_training_curves(csv_path, run.dir / PLOT_FILE, title=str(run.dir))
+        if curves.matplotlib_available():
+            png = curves.plot_training_curves(csv_path, run.dir / PLOT_FILE, title=str(run.dir))
             if png is not None:
                 lines.append(f"training curves: {png}")
         else:
-            lines.append(missing_note())
+            lines.append(curves.missing_note())
     print("\n".join(lines), flush=True)
     return result

@@ -17,11 +17,14 @@ Example::
 
 from __future__ import annotations
 
+import datetime
+import os
+import time
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from fleetlite.distributed.fleet.strategy import DistributedStrategy
 
@@ -337,10 +340,6 @@ def launch_time(pattern: str) -> str:
     default ``run_dir`` stays one directory for the whole job; otherwise the
     time this process first asked (like Hydra's ``${now:...}``).
     """
-    import datetime
-    import os
-    import time
-
     global _process_start
     raw = os.environ.get(LAUNCH_TIME_VAR, "").strip()
     try:
@@ -357,8 +356,7 @@ def launch_time(pattern: str) -> str:
 def register_configs() -> None:
     """Store every schema in Hydra's ConfigStore (``cifar10_schema`` and ``schema/<group>/<name>``) and
     register the ``launch_time`` resolver."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
+    from hydra.core.config_store import ConfigStore  # hydra: heavy, only when a recipe registers its schemas
 
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time)

@@ -29,8 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from .schema import SCHEMAS, RecipeConfig
+from fleetlite.checkpoint import MARKER, find_latest, is_checkpoint_dir
+from fleetlite.distributed.fleet.strategy import DistributedStrategy
+from fleetlite.trainer.checkpoint import LATEST, CheckpointError, list_checkpoints, load_latest_checkpoint
+from fleetlite.trainer.state import REQUIRED
+
+from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig
 
 __all__ = ["ConfigError", "check_config", "check_known_keys", "check_run_dir", "find_resume_checkpoint",
            "choose_resume_checkpoint", "check_restartable", "describe_compose_error", "CHECKPOINT_SUBDIR"]
@@ -175,8 +181,6 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
 
 
 def _check_strategy(node: DictConfig, world_size: int) -> None:
-    from fleetlite.distributed.fleet.strategy import DistributedStrategy
-
     values = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     try:
         DistributedStrategy.from_dict(values).check_supported(world_size)
@@ -201,8 +205,6 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
-        from fleetlite.trainer.checkpoint import CheckpointError
-
         try:  # a .pt file or a sharded (DCP) checkpoint directory
             found = _newest(ckpt_dir) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
@@ -214,8 +216,6 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
                               "directory of the run to continue, or drop resume= to start afresh")
         return found
     path = Path(resume)
-    from fleetlite.checkpoint import is_checkpoint_dir
-
     if not path.is_file() and not is_checkpoint_dir(path):
         raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
                           "resume=latest with run_dir=<the earlier run>")
@@ -224,10 +224,6 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
 
 def _newest(ckpt_dir: Path):
     """The newest valid checkpoint of either kind (``fleetlite.checkpoint.find_newest``'s rule), a file loaded."""
-    from fleetlite.checkpoint import MARKER, find_latest
-    from fleetlite.trainer.checkpoint import load_latest_checkpoint
-    from fleetlite.trainer.state import REQUIRED
-
     file, folder = load_latest_checkpoint(ckpt_dir, require=REQUIRED), find_latest(ckpt_dir)
     if folder is None or file is None:
         return folder or file
@@ -244,8 +240,6 @@ def _importable(module: str) -> bool:
 
 def _refuse_overwrite(ckpt_dir: Path) -> None:
     """A fresh run (no ``resume=``) must not overwrite the checkpoints of an earlier run in the same run_dir."""
-    from fleetlite.trainer.checkpoint import LATEST, list_checkpoints
-
     found = [p.name for p in list_checkpoints(ckpt_dir)] + ([LATEST] if (ckpt_dir / LATEST).exists() else [])
     if found:
         shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
@@ -280,8 +274,6 @@ def check_restartable(resume: str | None, raw_run_dir: str, environ: dict[str, s
     if "${now:" in raw_run_dir:
         why = "it follows the current time (${now:...}), so each restart would look in a new directory"
     elif "${launch_time:" in raw_run_dir:
-        from .schema import LAUNCH_TIME_VAR
-
         if not env.get(LAUNCH_TIME_VAR):
             why = ("it takes the launch time, which plain torchrun does not keep across restarts (fleetlite launch "
                    "does)")
@@ -316,8 +308,7 @@ def _first_line(text: str) -> str:
 
 def describe_compose_error(exc: BaseException) -> str:
     """One line for an error Hydra raised while composing the config (wrong type, unknown key or option...)."""
-    from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+    from hydra.errors import MissingConfigException  # hydra: heavy, only for the recipes
 
     cause = exc.__cause__
     named = re.search(r"full_key: (\S+)", str(exc))  # a config file's key (the error of an override has a cause)

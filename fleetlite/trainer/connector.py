@@ -24,6 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed import collective
+from ..distributed.env import ParallelEnv, read_env
+
 __all__ = ["Connector", "resolve_device", "process_group_backend", "init_process_group", "check_positive",
            "plain_config", "compile_options", "unwrap_compiled", "strip_compile_prefix"]
 
@@ -66,8 +69,6 @@ def plain_config(config: Any) -> Any:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``"auto"``: this rank's GPU when CUDA is available, else the CPU; ``"cuda"``: this rank's GPU; otherwise
     ``torch.device(device)``. Raises ValueError for a non-device or for CUDA without CUDA."""
-    from ..distributed.env import ParallelEnv
-
     if device is None or device == "auto":
         return torch.device(ParallelEnv().device)
     try:
@@ -94,9 +95,6 @@ def init_process_group(device: str | torch.device | None = "auto") -> None:
     The backend follows the device setting (:func:`process_group_backend`); on CUDA the group's start also
     makes this rank's GPU the current device. Note [one device, one process group].
     """
-    from ..distributed import collective
-    from ..distributed.env import read_env
-
     if read_env().world_size > 1:
         collective.init_parallel_env(backend=process_group_backend(device))
 

@@ -4,6 +4,7 @@
 * :mod:`fleetlite.recipe.validate`  value checks and one-line config errors
 * :mod:`fleetlite.recipe.preflight` the command-line check and ONE run directory shared by all ranks
 * :mod:`fleetlite.recipe.build`     config -> data, model, optimizer, schedule, strategy, callbacks
+* :mod:`fleetlite.recipe.job`       a recipe's ``__main__``: the preflight, then the Hydra job on its config
 * :mod:`fleetlite.recipe.run`       a job's start (device, run directory, resume) and finish (plot, report)
 * :mod:`fleetlite.recipe.plot`      the training-curves PNG
 * :mod:`fleetlite.recipe.catalog`   the shipped recipes (fleetlite/recipes/) and configs (fleetlite/conf/)

@@ -22,15 +22,18 @@ fixes both before Hydra starts:
    ranks other than 0 pass ``hydra.output_subdir=null`` and disabled Hydra
    logging: only rank 0 writes into the run directory.
 
-Example (the recipe's ``__main__``)::
+The recipe's ``__main__`` calls it through :func:`fleetlite.recipe.job.run_recipe`, which then runs a
+single run's job on the config composed here (once).
 
-    if __name__ == "__main__":
-        prepare_cli(CONF_DIR, "cifar10")   # exits with one line on bad input
-        main()                              # the @hydra.main function
+Example::
+
+    prepare_cli(CONF_DIR, "cifar10")   # exits with one line on bad input; sys.argv now pins run_dir
+    main()                              # the @hydra.main function (composes again: run_recipe avoids that)
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import re
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict, read_write
 
 from fleetlite.distributed import all_gather_object, is_initialized
 from fleetlite.distributed.env import read_env
@@ -56,11 +59,14 @@ from .validate import (
     describe_compose_error,
 )
 
-__all__ = ["prepare_cli", "take_preflight", "Preflight", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
+__all__ = ["prepare_cli", "take_preflight", "handed_on", "Preflight", "fail", "agree", "rank", "world_size",
+           "EXIT_CONFIG"]
 
 #: Exit status of a run refused before training (bad config, data, run directory).
 EXIT_CONFIG = 2
 # passed to Hydra unchecked (--config-path replaces the recipe's config folder: Hydra checks that itself)
+# what ranks other than 0 pass to Hydra: only rank 0 writes into the run directory
+_RANK_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 _HYDRA_INFO_FLAGS = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "config_path",
                      "experimental_rerun")
 _MAX_SWEEP_CHECKS = 64
@@ -81,9 +87,15 @@ class Preflight:
     run_dir: Path
     resume: str | None
     loaded: Any = None
+    job: Any = None  # (the job's whole config, Hydra's config loader) when composed for it, else None
 
 
 _handed_on: Preflight | None = None
+
+
+def handed_on() -> Preflight | None:
+    """The last :func:`prepare_cli`'s result (not consumed)."""
+    return _handed_on
 
 
 def take_preflight(run_dir: str | os.PathLike) -> Preflight | None:
@@ -140,23 +152,46 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     return plain, combos
 
 
-def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir: str | None = None):
-    """The config as Hydra will compose it; ``extra_dir`` (``--config-dir``) is searched as well, first."""
+def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir: str | None = None,
+             job_name: str | None = None):
+    """The config as Hydra will compose it; ``extra_dir`` (``--config-dir``) is searched as well, first.
+
+    With ``job_name``: (the whole config of that job, ``hydra`` node included, as ``hydra.main`` composes it;
+    Hydra's config loader), for the job to run on (:func:`fleetlite.recipe.job.run_recipe`).
+    """
     from hydra import compose, initialize_config_dir  # hydra: heavy, only for the recipes
+    from hydra.core.global_hydra import GlobalHydra  # hydra: as above
+    from hydra.types import RunMode  # hydra: as above
 
     primary = str(Path(config_dir).resolve())
     if extra_dir is not None:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
         primary, overrides = extra_dir, [*overrides, f"hydra.searchpath=[file://{primary}]"]
-    with initialize_config_dir(config_dir=primary, version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name):
+        if job_name is None:
+            return compose(config_name=config_name, overrides=overrides)
+        hydra = GlobalHydra.instance().hydra
+        full = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, from_shell=True,
+                                    with_log_configuration=False)
+        return full, hydra.config_loader
 
 
-def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None) -> list[str]:
+def _job_part(full):
+    """The job's config: ``full`` without its ``hydra`` node."""
+    job = copy.deepcopy(full)
+    with open_dict(job):
+        del job["hydra"]
+    return job
+
+
+def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None,
+                job_name: str | None = None) -> list[str]:
     """Check the Hydra command line in ``sys.argv`` and pin one run directory for every rank.
 
     Returns the new argument list (also written to ``sys.argv``). Calls
     :func:`fail` (one line, exit status 2) on bad input. Informational Hydra
     flags (``--help``, ``--cfg``, ``--info``...) are passed through untouched.
+    With ``job_name`` (Hydra's name of the job), a single run's whole config
+    is kept for the job (``Preflight.job_config``): it is composed once.
     """
     from hydra._internal.utils import get_args_parser  # hydra: heavy, only for the recipes
 
@@ -175,10 +210,15 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         fail("an override lists several values (a sweep) but --multirun (-m) is not given; add -m, "
              "or give one value")
     n = world_size()
-    cfgs, error = [], None
+    cfgs, error, job = [], None, None
     for overrides in combos:
         try:
-            cfg = _compose(str(config_dir), config_name, overrides, extra_dir)
+            if job_name is not None and not args.multirun:  # the job's whole config, its hydra.* overrides included
+                extra = [*(_RANK_HYDRA if rank() else []), "hydra.mode=RUN"]  # what hydra.main adds
+                job = _compose(str(config_dir), config_name, [*args.overrides, *extra], extra_dir, job_name)
+                cfg = _job_part(job[0])
+            else:
+                cfg = _compose(str(config_dir), config_name, overrides, extra_dir)
             check_config(cfg, world_size=n)
         except ConfigError as e:
             error = str(e)
@@ -218,15 +258,35 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     if "error" in answer:
         fail(answer["error"])
     global _handed_on
-    _handed_on = None if args.multirun else Preflight(Path(answer["run_dir"]).resolve(), answer["resume"], chosen)
+    _handed_on = None if args.multirun else Preflight(Path(answer["run_dir"]).resolve(), answer["resume"], chosen,
+                                                      _pin_run_dir(job, answer["run_dir"]))
     flags = (["--multirun"] if args.multirun else []) + (["--run"] if args.run else [])
     flags += (["--config-dir", extra_dir] if extra_dir else []) + (["--config-name", args.config_name]
                                                                   if args.config_name else [])
     new_args = flags + [a for a in args.overrides if not _sets_run_dir(a)] + [f"run_dir={_quote(answer['run_dir'])}"]
     if rank() != 0:
-        new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+        new_args += _RANK_HYDRA
     sys.argv = [sys.argv[0], *new_args]
     return new_args
+
+
+def _pin_run_dir(job, run_dir: str):
+    """The job's (config, loader) with ``run_dir`` set to rank 0's answer, recorded as Hydra records an override."""
+    if job is None:
+        return None
+    from hydra._internal.config_loader_impl import get_overrides_dirname  # hydra: heavy, only for the recipes
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra: as above
+
+    full, loader = job
+    task = [o for o in full.hydra.overrides.task if not _sets_run_dir(o)] + [f"run_dir={_quote(run_dir)}"]
+    d = full.hydra.job.config.override_dirname
+    dirname = get_overrides_dirname(OverridesParser.create().parse_overrides(task), list(d.exclude_keys),
+                                    d.item_sep, d.kv_sep)
+    with read_write(full), open_dict(full):
+        full.run_dir = run_dir
+        full.hydra.overrides.task = task
+        full.hydra.job.override_dirname = dirname
+    return full, loader
 
 
 def _raw_run_dir(cfg) -> str:

@@ -39,7 +39,8 @@ from fleetlite.recipe.build import (
     optimizer_steps_per_epoch,
 )
 from fleetlite.recipe.catalog import CONF_DIR
-from fleetlite.recipe.preflight import fail, prepare_cli
+from fleetlite.recipe.job import run_recipe
+from fleetlite.recipe.preflight import fail
 from fleetlite.recipe.preflight import rank as run_rank
 from fleetlite.recipe.run import exit_if_preempted, finish_run, start_run
 from fleetlite.recipe.runlog import log_failure
@@ -106,5 +107,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    prepare_cli(CONF_DIR, "cifar10")  # check the overrides (one clear line on bad input); one run dir for all ranks
-    main()
+    # check the overrides (one clear line on bad input), one run dir for all ranks; then the job, config composed once
+    run_recipe(main, CONF_DIR, "cifar10")

@@ -1,7 +1,9 @@
-"""A recipe resume reads its checkpoint file once (issue 12 item 3): chosen, CRC-checked and loaded one time.
+"""The recipe resolves each thing once (issue 12 item 3): a resume reads its checkpoint file once (chosen,
+CRC-checked and loaded one time) and the config is composed once.
 
 The recipe runs in a subprocess whose ``torch.load`` and ``ZipFile.testzip`` (the CRC pass) count the calls on
-files under the run's checkpoints/ folder; the preflight, the job's start and ``Trainer.fit`` share that one read.
+files under the watched folder, and whose Hydra counts its compositions; the preflight, the job's start and
+``Trainer.fit`` share the one read, the preflight and the Hydra job the one composition.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ TINY = ["data=synthetic", "data.train_size=128", "data.test_size=64", "trainer.e
 COUNTING = """
 import atexit, json, os, runpy, sys, zipfile
 import torch
+from hydra._internal.hydra import Hydra
 
-watched, counts = os.environ["WATCH_DIR"], {"torch.load": [], "crc": []}
+watched, counts = os.environ["WATCH_DIR"], {"torch.load": [], "crc": [], "compose": 0}
 def note(kind, f):
     name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "filename", None) or getattr(f, "name", "")
     name = os.fspath(name)
@@ -37,7 +40,11 @@ def load(f, *a, **k):
 def testzip(self):
     note("crc", self)
     return real_testzip(self)
-torch.load, zipfile.ZipFile.testzip = load, testzip
+real_compose = Hydra.compose_config
+def compose(self, *a, **k):
+    counts["compose"] += 1
+    return real_compose(self, *a, **k)
+torch.load, zipfile.ZipFile.testzip, Hydra.compose_config = load, testzip, compose
 atexit.register(lambda: open(os.environ["COUNT_FILE"], "w").write(json.dumps(counts)))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -67,7 +74,7 @@ def test_resume_latest_reads_the_checkpoint_once(tmp_path):
     assert f"resuming from {ckpts}/latest.pt" in proc.stdout
     seen = json.loads(counts.read_text())
     # later saves write checkpoints but never read them back: only the resumed file is loaded, once
-    assert seen == {"torch.load": ["latest.pt"], "crc": ["latest.pt"]}, seen
+    assert seen == {"torch.load": ["latest.pt"], "crc": ["latest.pt"], "compose": 1}, seen
 
 
 @pytest.mark.timeout(300)
@@ -81,4 +88,4 @@ def test_resume_from_a_named_file_reads_it_once(tmp_path):
 
     counts = tmp_path / "counts.json"
     _run([*TINY, f"run_dir={tmp_path / 'run2'}", f"resume={ckpt}"], tmp_path, counting=counts, watch=saved)
-    assert json.loads(counts.read_text()) == {"torch.load": ["step6.pt"], "crc": ["step6.pt"]}
+    assert json.loads(counts.read_text()) == {"torch.load": ["step6.pt"], "crc": ["step6.pt"], "compose": 1}

@@ -166,7 +166,7 @@ def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir:
     primary = str(Path(config_dir).resolve())
     if extra_dir is not None:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
         primary, overrides = extra_dir, [*overrides, f"hydra.searchpath=[file://{primary}]"]
-    with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name):
+    with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name or "app"):
         if job_name is None:
             return compose(config_name=config_name, overrides=overrides)
         hydra = GlobalHydra.instance().hydra

@@ -223,7 +223,9 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
 
 
 def _newest(ckpt_dir: Path):
-    """The newest valid checkpoint of either kind (``fleetlite.checkpoint.find_newest``'s rule), a file loaded."""
+    """The newest valid checkpoint of either kind (``fleetlite.checkpoint.find_newest``'s rule), a file loaded;
+    its absolute path (the job's run directory is absolute)."""
+    ckpt_dir = ckpt_dir.absolute()
     file, folder = load_latest_checkpoint(ckpt_dir, require=REQUIRED), find_latest(ckpt_dir)
     if folder is None or file is None:
         return folder or file

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fleetlite.cli launch --nproc_per_node 2 recipes/cifar10.py data=synthetic
+	$(PY) -m fleetlite.cli run --nproc_per_node 2 cifar10 data=synthetic
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,26 +1,98 @@
-"""The ``fleetlite`` command: ``fleetlite launch ...`` and ``fleetlite run RECIPE [overrides]``."""
+"""The ``fleetlite`` command: ``launch``, and torchtune-style ``run`` / ``ls`` / ``cp`` for the shipped recipes."""
 
 from __future__ import annotations
 
-import os
+import runpy
 import sys
+from pathlib import Path
+
+from .recipe.catalog import CatalogError, config_names, copy_out, find_recipe, recipe_names
 
 USAGE = """usage: fleetlite <command> [args]
 
 commands:
   launch [torchrun options] SCRIPT [args]   run SCRIPT on several processes (a front over torchrun)
-  run RECIPE [hydra overrides]              run a recipe from recipes/ (e.g. fleetlite run cifar10 data=synthetic)
+  run [torchrun options] RECIPE [overrides] run a recipe by name (e.g. fleetlite run cifar10 data=synthetic);
+                                            with torchrun options (fleetlite run --nproc_per_node 2 cifar10 ...)
+                                            through fleetlite launch; --config FILE.yaml runs a copied config
+  ls                                        the recipes and their configs
+  cp [--force] NAME DEST                    copy a recipe (cifar10) or config (cifar10.yaml, optim/sgd.yaml) out
+                                            to edit; an existing DEST is kept unless --force
 """
 
 
-def _recipe_path(name: str) -> str:
-    candidates = [name, os.path.join("recipes", name), os.path.join("recipes", name + ".py")]
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidates.append(os.path.join(here, "recipes", name + ".py"))
-    for c in candidates:
-        if os.path.isfile(c):
-            return c
-    raise SystemExit(f"fleetlite run: no recipe named {name!r} (looked for {', '.join(candidates)})")
+def _split_config(args: list[str]) -> list[str]:
+    """``--config PATH.yaml`` (or ``--config=PATH``) as Hydra's ``--config-dir DIR --config-name NAME``."""
+    out, i = [], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name != "--config":
+            out.append(args[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                raise SystemExit("fleetlite run: --config needs a file, e.g. --config ./my.yaml")
+            value, i = args[i + 1], i + 1
+        i += 1
+        path = Path(value)
+        if not path.is_file():
+            raise SystemExit(f"fleetlite run: --config {value}: no such file (copy one out with "
+                             "fleetlite cp cifar10.yaml ./my.yaml)")
+        out += ["--config-dir", str(path.resolve().parent), "--config-name", path.stem]
+    return out
+
+
+def run(argv: list[str]) -> int:
+    """``fleetlite run [torchrun options] RECIPE [overrides]``: in this process, or through ``fleetlite launch``."""
+    # local: fleetlite.distributed imports torch (seconds), which fleetlite ls/cp/--help do not need
+    from .distributed.launch import _launcher_options  # torchrun's own option table: which options take a value
+    from .distributed.launch import main as launch_main
+
+    launcher, rest = _launcher_options(argv)
+    if not rest or rest[0] == "--":
+        raise SystemExit("fleetlite run: name a recipe, e.g. fleetlite run cifar10 data=synthetic "
+                         "(fleetlite ls lists them)")
+    try:
+        path = str(find_recipe(rest[0]))
+    except CatalogError as e:
+        raise SystemExit(f"fleetlite run: {e}") from None
+    script_args = _split_config(rest[1:])
+    if launcher:  # torchrun's options: the recipe runs on the processes fleetlite launch starts
+        return launch_main([*launcher, path, *script_args])
+    sys.argv = [path, *script_args]
+    runpy.run_path(path, run_name="__main__")
+    return 0
+
+
+def ls() -> int:
+    """``fleetlite ls``: each recipe with its primary config, then the config groups' options."""
+    print(f"{'RECIPE':<12} CONFIG")
+    for name in recipe_names():
+        configs = config_names(name)
+        print(f"{name:<12} {configs[0] if configs else '-'}")
+        groups: dict[str, list[str]] = {}
+        for c in configs[1:]:
+            group, _, option = c.rpartition("/")
+            groups.setdefault(group, []).append(option.removesuffix(".yaml"))
+        for group, options in groups.items():
+            print(f"{'':<12}   {group}/: {', '.join(options)}")
+    return 0
+
+
+def cp(argv: list[str]) -> int:
+    """``fleetlite cp [--force] NAME DEST``."""
+    force = "--force" in argv or "-f" in argv
+    args = [a for a in argv if a not in ("--force", "-f")]
+    if len(args) != 2:
+        raise SystemExit("fleetlite cp: usage: fleetlite cp [--force] NAME DEST, e.g. fleetlite cp cifar10 "
+                         "./my_recipe.py or fleetlite cp cifar10.yaml ./my.yaml")
+    try:
+        out = copy_out(args[0], args[1], force=force)
+    except CatalogError as e:
+        raise SystemExit(f"fleetlite cp: {e}") from None
+    print(f"copied {args[0]} to {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,18 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "launch":
-        from .distributed.launch import main as launch_main
+        from .distributed.launch import main as launch_main  # local: torch only for the commands that run
 
         return launch_main(rest)
     if cmd == "run":
-        if not rest:
-            raise SystemExit("fleetlite run: name a recipe, e.g. fleetlite run cifar10 data=synthetic")
-        import runpy
-
-        path = _recipe_path(rest[0])
-        sys.argv = [path, *rest[1:]]
-        runpy.run_path(path, run_name="__main__")
-        return 0
+        return run(rest)
+    if cmd == "ls":
+        return ls()
+    if cmd == "cp":
+        return cp(rest)
     print(f"fleetlite: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

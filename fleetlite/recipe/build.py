@@ -23,6 +23,17 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fleetlite import callbacks as cb
+from fleetlite.distributed.fleet import DistributedStrategy
+from fleetlite.distributed.fleet.recompute import resolve_checkpoints
+from fleetlite.io import TensorLoader
+from fleetlite.trainer.connector import resolve_device as rank_device
+from fleetlite.vision import datasets
+from fleetlite.vision.models import build_model as build_vision_model
+from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
+
+from .preflight import agree
+from .runlog import EpochLog
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
 __all__ = ["Data", "resolve_device", "apply_speed_flags", "build_data", "build_model", "build_optimizer",
@@ -38,16 +49,14 @@ _WHITENING_IMAGES = 5000
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> this rank's GPU when CUDA is present, else the CPU; ``cuda`` without CUDA is an error.
 
-    The rank's GPU is ``ParallelEnv().device``, the one place that decides it
-    (``init_parallel_env`` makes it the current device).
+    The connector decides (``fleetlite.trainer.connector.resolve_device``, Note [one device, one process
+    group]); this only words its error for the recipe's ``device=`` key.
     """
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available here; use device=auto or device=cpu")
-    if device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    from fleetlite.distributed import ParallelEnv
-
-    return ParallelEnv().device
+    try:
+        return rank_device(device)
+    except ValueError:
+        raise ConfigError(f"device={device} but no CUDA device is available here; use device=auto or "
+                          "device=cpu") from None
 
 
 def apply_speed_flags(trainer_cfg: DictConfig, device: torch.device) -> dict[str, bool]:
@@ -81,8 +90,6 @@ class Data:
 
 
 def _load_split(cfg: DictConfig, mode: str, size: int | None, download: bool):
-    from fleetlite.vision import datasets
-
     if cfg.name.value == "synthetic":
         ds = datasets.SyntheticCifar10(mode=mode, size=size, seed=int(cfg.seed))
         return ds.as_tensors(), list(ds.classes)
@@ -104,13 +111,8 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                rank: int = 0) -> Data:
     """Load (rank 0 first: it downloads) and wrap both splits in :class:`fleetlite.io.TensorLoader`.
 
-    ``trainer.batch_size`` is global: each rank's loader takes ``batch_size // world_size``.
+    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size // world_size``.
     """
-    from fleetlite.io import TensorLoader
-    from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
-
-    from .preflight import agree
-
     splits: dict[str, Any] = {}
     error = None
     if rank == 0:  # rank 0 alone may download; the others read its files afterwards
@@ -128,16 +130,17 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
     keep = device if cfg.on_device else None
     common = dict(channels_last=bool(cfg.channels_last), device=keep, num_replicas=world_size, rank=rank,
                   pad_mode=cfg.pad_mode.value, mean=CIFAR10_MEAN, std=CIFAR10_STD)
-    train_bs = max(int(trainer_cfg.batch_size) // world_size, 1)
-    test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.batch_size) // world_size, 1)
+    train_bs = max(int(trainer_cfg.global_batch_size) // world_size, 1)
+    test_bs = max(int(trainer_cfg.eval_batch_size or trainer_cfg.global_batch_size) // world_size, 1)
     train = TensorLoader(x_train, y_train, batch_size=train_bs, shuffle=True, drop_last=True,
                          augment=bool(cfg.augment), seed=int(cfg.seed), **common)
     test = TensorLoader(x_test, y_test, batch_size=test_bs, shuffle=False, drop_last=False, augment=False,
                         seed=int(cfg.seed), **common)
     if len(train) == 0:
         raise ConfigError(f"data: {x_train.shape[0]} training samples make no full batch of "
-                          f"{train_bs} per rank ({world_size} ranks, trainer.batch_size={trainer_cfg.batch_size}); "
-                          "lower trainer.batch_size or raise data.train_size")
+                          f"{train_bs} per rank ({world_size} ranks, "
+                          f"trainer.global_batch_size={trainer_cfg.global_batch_size}); "
+                          "lower trainer.global_batch_size or raise data.train_size")
     n = min(_WHITENING_IMAGES, x_train.shape[0])
     plain = TensorLoader(x_train[:n], y_train[:n], batch_size=n, shuffle=False, augment=False, num_replicas=1,
                          rank=0, device=keep, mean=CIFAR10_MEAN, std=CIFAR10_STD)
@@ -151,10 +154,8 @@ def build_model(cfg: DictConfig, num_classes: int, whitening_images: torch.Tenso
 
     ``channels_last`` puts the weights in NHWC, to match channels-last input batches.
     """
-    from fleetlite.vision.models import build_model as build
-
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("name", "whiten")}
-    model = build(cfg.name, num_classes=num_classes, **kwargs)
+    model = build_vision_model(cfg.name, num_classes=num_classes, **kwargs)
     if cfg.name == "fast" and cfg.whiten and whitening_images is not None:
         model.to(whitening_images.device).init_whitening(whitening_images)
     if channels_last:
@@ -223,8 +224,6 @@ def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
     """With ``strategy.recompute``, every name in ``recompute_configs.checkpoints`` must be a submodule."""
     if not cfg.recompute:
         return
-    from fleetlite.distributed.fleet.recompute import resolve_checkpoints
-
     try:
         resolve_checkpoints(model, list(cfg.recompute_configs.checkpoints))
     except (KeyError, ValueError, TypeError) as e:
@@ -234,8 +233,6 @@ def check_recompute(cfg: DictConfig, model: torch.nn.Module) -> None:
 
 def build_strategy(cfg: DictConfig):
     """The ``fleet.DistributedStrategy`` the ``strategy`` group describes."""
-    from fleetlite.distributed.fleet import DistributedStrategy
-
     return DistributedStrategy.from_dict(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
@@ -246,10 +243,6 @@ def build_callbacks(cfg: DictConfig, run_dir: str | Path, scheduler=None) -> lis
     Paths are absolute, inside ``run_dir``. The progress bar is the Trainer's
     own (``fit(verbose=1)``, rank 0 only).
     """
-    from fleetlite import callbacks as cb
-
-    from .runlog import EpochLog
-
     c = cfg.callbacks
     run_dir = Path(run_dir).resolve()
     out: list = [EpochLog()]  # the epoch metrics in the run log
@@ -280,8 +273,6 @@ def build_loggers(cfg: DictConfig, trainer_cfg: DictConfig, run_dir: str | Path)
     when ``trainer.callbacks`` already writes the same file. Missing packages fail here, before training,
     with the ``pip install 'fleetlite[...]'`` line.
     """
-    from fleetlite import callbacks as cb
-
     run_dir = Path(run_dir).resolve()
     c = trainer_cfg.callbacks
     out: list = []

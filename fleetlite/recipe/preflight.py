@@ -8,62 +8,114 @@ fixes both before Hydra starts:
 1. compose the config exactly as Hydra will (each sweep value of ``-m``
    too) and check it (:mod:`fleetlite.recipe.validate`): a bad override
    stops every rank with ONE line on stderr (from rank 0) and exit status 2;
-2. when several ranks run, initialise the process group; every rank learns
+2. when several ranks run, start the process group (the connector's
+   ``init_process_group``, Note [one device, one process group]); every rank learns
    every rank's verdict (a config bad on one rank only stops all of them),
    and ranks that composed different configs (other command lines, conf/
    files or environment) stop with the differences listed;
 3. let rank 0 resolve ``run_dir`` (``${launch_time:...}``: one directory for
    all elastic restarts, :func:`~fleetlite.recipe.validate.check_restartable`),
-   create it and prove it writable, find the checkpoint ``resume=`` names;
-   every rank gets rank 0's answer (or its error);
+   create it and prove it writable, choose the checkpoint ``resume=`` names
+   (reading it at most once); every rank gets rank 0's answer (or its error),
+   and the job gets the result (:func:`take_preflight`) instead of working it out again;
 4. rewrite ``sys.argv`` so every rank passes the same ``run_dir=...``, and
    ranks other than 0 pass ``hydra.output_subdir=null`` and disabled Hydra
    logging: only rank 0 writes into the run directory.
 
-Example (the recipe's ``__main__``)::
+The recipe's ``__main__`` calls it through :func:`fleetlite.recipe.job.run_recipe`, which then runs a
+single run's job on the config composed here (once).
 
-    if __name__ == "__main__":
-        prepare_cli(CONF_DIR, "cifar10")   # exits with one line on bad input
-        main()                              # the @hydra.main function
+Example::
+
+    prepare_cli(CONF_DIR, "cifar10")   # exits with one line on bad input; sys.argv now pins run_dir
+    main()                              # the @hydra.main function (composes again: run_recipe avoids that)
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from omegaconf import OmegaConf, open_dict, read_write
+
+from fleetlite.distributed import all_gather_object
+from fleetlite.distributed.agreement import RankMismatchError, check_same_across_ranks, from_rank0
+from fleetlite.distributed.env import read_env
+from fleetlite.trainer.connector import init_process_group
+
+from .schema import register_configs
 from .validate import (
     ConfigError,
     check_config,
     check_restartable,
     check_run_dir,
+    choose_resume_checkpoint,
     describe_compose_error,
-    find_resume_checkpoint,
 )
 
-__all__ = ["prepare_cli", "fail", "agree", "rank", "world_size", "EXIT_CONFIG"]
+__all__ = ["prepare_cli", "take_preflight", "handed_on", "Preflight", "fail", "agree", "rank", "world_size",
+           "EXIT_CONFIG"]
 
 #: Exit status of a run refused before training (bad config, data, run directory).
 EXIT_CONFIG = 2
+# passed to Hydra unchecked (--config-path replaces the recipe's config folder: Hydra checks that itself)
+# what ranks other than 0 pass to Hydra: only rank 0 writes into the run directory
+_RANK_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 _HYDRA_INFO_FLAGS = ("help", "hydra_help", "version", "cfg", "info", "shell_completion", "config_path",
-                     "config_dir", "experimental_rerun")
+                     "experimental_rerun")
 _MAX_SWEEP_CHECKS = 64
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What :func:`prepare_cli` settled for a single run, handed on to the job (:func:`take_preflight`).
+
+    ``resume`` is the agreed checkpoint path (None: a fresh start); ``loaded`` is what rank 0 read while
+    choosing it (a ``LoadedCheckpoint`` for ``resume=latest``/``auto``, else None), so it is not read again.
+
+    Example::
+
+        Preflight(run_dir=Path("/abs/outputs/a"), resume=None, loaded=None)
+    """
+
+    run_dir: Path
+    resume: str | None
+    loaded: Any = None
+    job: Any = None  # (the job's whole config, Hydra's config loader) when composed for it, else None
+
+
+_handed_on: Preflight | None = None
+
+
+def handed_on() -> Preflight | None:
+    """The last :func:`prepare_cli`'s result (not consumed)."""
+    return _handed_on
+
+
+def take_preflight(run_dir: str | os.PathLike) -> Preflight | None:
+    """The preflight's result for the job writing to ``run_dir`` (once; None for a multirun job or without one)."""
+    global _handed_on
+    found, _handed_on = _handed_on, None
+    if found is None or found.run_dir != Path(run_dir).resolve():
+        return None
+    return found
 
 
 def rank() -> int:
     """This process's rank from the launcher's variables (0 when not launched)."""
-    from fleetlite.distributed.env import read_env
-
     return read_env().rank
 
 
-def world_size() -> int:
-    from fleetlite.distributed.env import read_env
 
+def world_size() -> int:
     return read_env().world_size
+
 
 
 def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> None:
@@ -79,14 +131,12 @@ def fail(message: str, status: int = EXIT_CONFIG, every_rank: bool = False) -> N
 
 def agree(value):
     """Rank 0's ``value`` on every rank (``value`` itself when no process group exists)."""
-    from fleetlite.distributed.agreement import from_rank0
-
     return from_rank0(value)
 
 
 def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     """Config overrides (no hydra.* ones) as a list of override lists: one per sweep combination."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra: heavy, only for the recipes
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     plain, sweeps = [], []
@@ -102,33 +152,56 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     return plain, combos
 
 
-def _compose(config_dir: str, config_name: str, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+def _compose(config_dir: str, config_name: str, overrides: list[str], extra_dir: str | None = None,
+             job_name: str | None = None):
+    """The config as Hydra will compose it; ``extra_dir`` (``--config-dir``) is searched as well, first.
 
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+    With ``job_name``: (the whole config of that job, ``hydra`` node included, as ``hydra.main`` composes it;
+    Hydra's config loader), for the job to run on (:func:`fleetlite.recipe.job.run_recipe`).
+    """
+    from hydra import compose, initialize_config_dir  # hydra: heavy, only for the recipes
+    from hydra.core.global_hydra import GlobalHydra  # hydra: as above
+    from hydra.types import RunMode  # hydra: as above
+
+    primary = str(Path(config_dir).resolve())
+    if extra_dir is not None:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
+        primary, overrides = extra_dir, [*overrides, f"hydra.searchpath=[file://{primary}]"]
+    with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name or "app"):
+        if job_name is None:
+            return compose(config_name=config_name, overrides=overrides)
+        hydra = GlobalHydra.instance().hydra
+        full = hydra.compose_config(config_name, overrides, run_mode=RunMode.RUN, from_shell=True,
+                                    with_log_configuration=False)
+        return full, hydra.config_loader
 
 
-def _backend(device: str) -> str:
-    return {"cpu": "gloo", "cuda": "nccl"}.get(device, "auto")
+def _job_part(full):
+    """The job's config: ``full`` without its ``hydra`` node."""
+    job = copy.deepcopy(full)
+    with open_dict(job):
+        del job["hydra"]
+    return job
 
 
-def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None) -> list[str]:
+def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str] | None = None,
+                job_name: str | None = None) -> list[str]:
     """Check the Hydra command line in ``sys.argv`` and pin one run directory for every rank.
 
     Returns the new argument list (also written to ``sys.argv``). Calls
     :func:`fail` (one line, exit status 2) on bad input. Informational Hydra
     flags (``--help``, ``--cfg``, ``--info``...) are passed through untouched.
+    With ``job_name`` (Hydra's name of the job), a single run's whole config
+    is kept for the job (``Preflight.job_config``): it is composed once.
     """
-    from hydra._internal.utils import get_args_parser
-
-    from .schema import register_configs
+    from hydra._internal.utils import get_args_parser  # hydra: heavy, only for the recipes
 
     register_configs()
     args_in = list(sys.argv[1:] if argv is None else argv)
     args = get_args_parser().parse_intermixed_args(args_in)  # Hydra's parser; flags may follow overrides here
-    if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS) or args.config_name:
+    if any(getattr(args, flag, None) for flag in _HYDRA_INFO_FLAGS):
         return args_in
+    config_name = args.config_name or config_name  # --config-name NAME: a config of the user's (--config-dir DIR)
+    extra_dir = str(Path(args.config_dir).resolve()) if args.config_dir else None
     try:
         _, combos = _split_overrides(args.overrides)
     except Exception as e:  # noqa: BLE001 - Hydra's parser raises several types; all are user errors
@@ -137,10 +210,15 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         fail("an override lists several values (a sweep) but --multirun (-m) is not given; add -m, "
              "or give one value")
     n = world_size()
-    cfgs, error = [], None
+    cfgs, error, job = [], None, None
     for overrides in combos:
         try:
-            cfg = _compose(str(config_dir), config_name, overrides)
+            if job_name is not None and not args.multirun:  # the job's whole config, its hydra.* overrides included
+                extra = [*(_RANK_HYDRA if rank() else []), "hydra.mode=RUN"]  # what hydra.main adds
+                job = _compose(str(config_dir), config_name, [*args.overrides, *extra], extra_dir, job_name)
+                cfg = _job_part(job[0])
+            else:
+                cfg = _compose(str(config_dir), config_name, overrides, extra_dir)
             check_config(cfg, world_size=n)
         except ConfigError as e:
             error = str(e)
@@ -150,9 +228,7 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
             break
         cfgs.append(cfg)
     if n > 1:
-        from fleetlite.distributed import all_gather_object, init_parallel_env
-
-        init_parallel_env(backend=_backend(cfgs[0].device.value) if error is None else "auto")
+        init_process_group(cfgs[0].device.value if error is None else "auto")  # the connector's; the job reuses it
         # every rank learns every rank's verdict: a rank whose config alone is bad must not leave the others waiting
         failed = [(r, e) for r, e in enumerate(all_gather_object(error)) if e is not None]
         if failed:
@@ -163,16 +239,17 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
         fail(error)
     cfg = cfgs[0]
     answer: dict = {}
+    chosen = None
     if rank() == 0:
         try:
             run_dir = str(cfg.run_dir)  # resolves ${launch_time:...} once, here
             note = check_restartable(cfg.resume, _raw_run_dir(cfg))
             if note:
                 print(f"warning: {note}", file=sys.stderr, flush=True)
-            if not args.multirun:  # multirun jobs check their own run_dir/<job> directory
-                find_resume_checkpoint(cfg.resume, run_dir)
+            if not args.multirun:  # multirun jobs choose in their own run_dir/<job> directory
+                chosen = choose_resume_checkpoint(cfg.resume, run_dir)
             check_run_dir(run_dir)
-            answer = {"run_dir": run_dir}
+            answer = {"run_dir": run_dir, "resume": None if chosen is None else os.fspath(chosen)}
         except ConfigError as e:
             answer = {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - e.g. a bad interpolation in run_dir
@@ -180,27 +257,45 @@ def prepare_cli(config_dir: str | os.PathLike, config_name: str, argv: list[str]
     answer = agree(answer)
     if "error" in answer:
         fail(answer["error"])
+    global _handed_on
+    _handed_on = None if args.multirun else Preflight(Path(answer["run_dir"]).resolve(), answer["resume"], chosen,
+                                                      _pin_run_dir(job, answer["run_dir"]))
     flags = (["--multirun"] if args.multirun else []) + (["--run"] if args.run else [])
+    flags += (["--config-dir", extra_dir] if extra_dir else []) + (["--config-name", args.config_name]
+                                                                  if args.config_name else [])
     new_args = flags + [a for a in args.overrides if not _sets_run_dir(a)] + [f"run_dir={_quote(answer['run_dir'])}"]
     if rank() != 0:
-        new_args += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+        new_args += _RANK_HYDRA
     sys.argv = [sys.argv[0], *new_args]
     return new_args
 
 
+def _pin_run_dir(job, run_dir: str):
+    """The job's (config, loader) with ``run_dir`` set to rank 0's answer, recorded as Hydra records an override."""
+    if job is None:
+        return None
+    from hydra._internal.config_loader_impl import get_overrides_dirname  # hydra: heavy, only for the recipes
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra: as above
+
+    full, loader = job
+    task = [o for o in full.hydra.overrides.task if not _sets_run_dir(o)] + [f"run_dir={_quote(run_dir)}"]
+    d = full.hydra.job.config.override_dirname
+    dirname = get_overrides_dirname(OverridesParser.create().parse_overrides(task), list(d.exclude_keys),
+                                    d.item_sep, d.kv_sep)
+    with read_write(full), open_dict(full):
+        full.run_dir = run_dir
+        full.hydra.overrides.task = task
+        full.hydra.job.override_dirname = dirname
+    return full, loader
+
+
 def _raw_run_dir(cfg) -> str:
     """``run_dir`` as written, interpolations unresolved (``outputs/${launch_time:%Y-%m-%d}/...``)."""
-    from omegaconf import OmegaConf
-
     return str(OmegaConf.to_container(cfg, resolve=False).get("run_dir"))
 
 
 def _check_same_config(cfgs) -> None:
     """Fail (exit 2, one line showing the differences) when the ranks composed different configs."""
-    from omegaconf import OmegaConf
-
-    from fleetlite.distributed.agreement import RankMismatchError, check_same_across_ranks
-
     plain = []
     for c in cfgs:
         d = OmegaConf.to_container(c, resolve=True, enum_to_str=True)

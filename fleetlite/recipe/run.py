@@ -1,15 +1,18 @@
 """The life of one recipe job: where it runs and writes (start), and what it leaves behind (finish).
 
 ``start_run`` is called first thing in the ``@hydra.main`` function. It
-initialises the process group (idempotent; the preflight usually did it),
-seeds every rank alike, picks the device, and settles the run directory
-(Hydra's output directory, the same on every rank; only rank 0 writes there)
-and the checkpoint ``resume=`` names. ``finish_run`` draws the training
-curves and prints the final lines on rank 0.
+asks the connector for the device and the process group (Note [one device,
+one process group]; under a launcher the preflight started the group),
+seeds every rank alike, and takes the run directory (Hydra's output
+directory, the same on every rank; only rank 0 writes there) and the
+checkpoint the preflight chose (a multirun job chooses its own). A resumed
+checkpoint file is read once: what choosing it read is handed to
+``fit(resume=...)`` as a ``LoadedCheckpoint``. ``finish_run`` draws the
+training curves and prints the final lines on rank 0.
 
 Example::
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="cifar10")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="cifar10")
     def main(cfg):
         run = start_run(cfg)
         ...
@@ -19,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, open_dict
 
+from fleetlite.distributed import all_gather_object, get_rank, get_world_size, is_initialized, read_env
+from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
+from fleetlite.trainer.connector import init_process_group
+from fleetlite.trainer.state import REQUIRED
+
+from ..utils import plot as curves
 from .build import METRICS_FILE, PLOT_FILE, apply_speed_flags, resolve_device
-from .preflight import agree
-from .validate import CHECKPOINT_SUBDIR, ConfigError, find_resume_checkpoint
+from .preflight import Preflight, agree, take_preflight
+from .validate import CHECKPOINT_SUBDIR, ConfigError, choose_resume_checkpoint
 
 __all__ = ["Run", "start_run", "finish_run", "exit_if_preempted", "EXIT_PREEMPTED"]
 
@@ -51,7 +61,7 @@ class Run:
     local_rank: int
     device: torch.device
     dir: Path                   # the run directory, identical on every rank
-    resume: Path | None         # checkpoint to continue from
+    resume: Any                 # checkpoint to continue from: a LoadedCheckpoint (read once), a sharded dir, None
 
     @property
     def is_main(self) -> bool:
@@ -60,38 +70,62 @@ class Run:
 
 def start_run(cfg: DictConfig) -> Run:
     """Process group, seed, device, run directory and resume checkpoint of this job (see the module doc)."""
-    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig  # hydra: heavy, only inside a recipe's Hydra job
 
-    from fleetlite.distributed import get_rank, get_world_size, init_parallel_env, read_env
-
-    env = read_env()
-    resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
-    if env.world_size > 1:  # per-device backends on CUDA; init makes ParallelEnv().device current (no set_device)
-        init_parallel_env(backend="gloo" if cfg.device.value == "cpu" else "auto")
-    device = resolve_device(cfg.device.value)
+    device = resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
+    init_process_group(cfg.device.value)  # the connector's: under a launcher the preflight already started it
     speed = apply_speed_flags(cfg.trainer, device)
     with open_dict(cfg):  # what was applied goes into the run's recorded config
         cfg.trainer.cudnn_benchmark, cfg.trainer.allow_tf32 = speed["cudnn_benchmark"], speed["allow_tf32"]
     torch.manual_seed(int(cfg.seed))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    pre = take_preflight(run_dir)  # a single run: the preflight chose the checkpoint; a multirun job chooses here
+    if pre is None:
+        pre = _choose_resume(cfg.resume, run_dir)
+    resume = _read_once(pre)
+    if resume is not None and get_rank() == 0:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        what = f"elastic restart {restart}: " if restart else ""
+        print(f"{what}resuming from {os.fspath(resume)}", flush=True)
+    return Run(get_rank(), get_world_size(), read_env().local_rank, device, run_dir, resume)
+
+
+def _choose_resume(resume: str | None, run_dir: Path) -> Preflight:
+    """Rank 0 chooses the checkpoint ``resume`` names (reading it at most once); every rank gets its answer."""
     answer: dict[str, Any] = {}
+    chosen = None
     if get_rank() == 0:
         try:
-            ckpt = find_resume_checkpoint(cfg.resume, run_dir)
-            answer = {"resume": None if ckpt is None else str(ckpt)}
+            chosen = choose_resume_checkpoint(resume, run_dir)
+            answer = {"resume": None if chosen is None else os.fspath(chosen)}
         except ConfigError as e:
             answer = {"error": str(e)}
     answer = agree(answer)
     if "error" in answer:
         raise ConfigError(answer["error"])
-    resume = Path(answer["resume"]) if answer["resume"] else None
-    if resume is not None and get_rank() == 0:
-        import os
+    return Preflight(run_dir, answer["resume"], chosen)
 
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        what = f"elastic restart {restart}: " if restart else ""
-        print(f"{what}resuming from {resume}", flush=True)
-    return Run(get_rank(), get_world_size(), env.local_rank, device, run_dir, resume)
+
+def _read_once(pre: Preflight):
+    """The checkpoint to hand to ``fit(resume=...)``: a file read once on every rank (a ``LoadedCheckpoint``; rank 0
+    may have read it already while choosing), a sharded checkpoint directory as its path (the Trainer reads it)."""
+    if pre.resume is None:
+        return None
+    path = Path(pre.resume)
+    if path.is_dir():
+        return path
+    loaded, error = pre.loaded, None
+    if not isinstance(loaded, LoadedCheckpoint):
+        try:
+            loaded = LoadedCheckpoint(path, load_checkpoint(path, require=REQUIRED))
+        except CheckpointError as e:
+            error = str(e)
+    if is_initialized():  # every rank fails together, with the first rank's message
+        errors = [e for e in all_gather_object(error) if e is not None]
+        error = errors[0] if errors else None
+    if error is not None:
+        raise CheckpointError(None, error)
+    return loaded
 
 
 def exit_if_preempted(run: Run, trainer) -> None:
@@ -126,17 +160,15 @@ def finish_run(run: Run, final: dict[str, Any], plot: bool = True) -> dict[str, 
     result = {"acc": _value(final, "acc", "accuracy", "val_acc"), "loss": _value(final, "loss", "val_loss")}
     if not run.is_main:
         return result
-    from ..utils.plot import matplotlib_available, missing_note, plot_training_curves
-
     lines = [f"final validation accuracy: {result['acc']:.4f} (loss {result['loss']:.4f})",
              f"run directory: {run.dir}"]
     csv_path = run.dir / METRICS_FILE
     if plot and csv_path.exists():
-        if matplotlib_available():
-            png = plot_training_curves(csv_path, run.dir / PLOT_FILE, title=str(run.dir))
+        if curves.matplotlib_available():
+            png = curves.plot_training_curves(csv_path, run.dir / PLOT_FILE, title=str(run.dir))
             if png is not None:
                 lines.append(f"training curves: {png}")
         else:
-            lines.append(missing_note())
+            lines.append(curves.missing_note())
     print("\n".join(lines), flush=True)
     return result

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from fleetlite.callbacks import Callback
+from fleetlite.trainer.callbacks.progress import epoch_label, format_logs
 
 __all__ = ["EpochLog", "log_failure", "run_log_path"]
 
@@ -33,7 +34,7 @@ _LOGGER = "fleetlite.run"
 def run_log_path() -> Path | None:
     """``<run_dir>/<job name>.log`` of the running Hydra job (None outside one)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
+        from hydra.core.hydra_config import HydraConfig  # hydra: heavy, only inside a recipe's Hydra job
 
         hc = HydraConfig.get()
         return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
@@ -68,8 +69,6 @@ class EpochLog(Callback):
                        self.trainer.global_step)
 
     def on_epoch_end(self, epoch, logs=None):
-        from fleetlite.trainer.callbacks.progress import epoch_label, format_logs
-
         values = format_logs(logs).replace(": ", "=").replace(" - ", " ")
         self._log.info("%s: %s", epoch_label(epoch, self.params.get("epochs")), values)
 

@@ -17,11 +17,16 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import datetime
+import os
+import time
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+from fleetlite.distributed.fleet.strategy import DistributedStrategy
 
 __all__ = [
     "DataName", "Device", "AmpDtype", "DataConfig", "TutorialCNNConfig", "ResNet18Config", "FastConfig",
@@ -147,62 +152,55 @@ class NoSchedConfig:
     name: str = "none"
 
 
-# --- strategy: fleet.DistributedStrategy, field for field -----------------------------------------------------
-@dataclass
-class AmpConfigs:
-    init_loss_scaling: float = 32768.0
-    incr_every_n_steps: int = 1000
-    decr_every_n_nan_or_inf: int = 2
-    incr_ratio: float = 2.0
-    decr_ratio: float = 0.8
-    use_dynamic_loss_scaling: bool = True
-    use_pure_fp16: bool = False
-    dtype: AmpDtype = AmpDtype.float16
+# --- strategy: fleet.DistributedStrategy, generated from its own field table ---------------------------------------
+def _schema_type(value_type: Any) -> Any:
+    """A strategy table value type as a schema annotation: a choice of strings becomes an Enum, of ints an int."""
+    if not isinstance(value_type, tuple):
+        return value_type
+    if all(isinstance(v, str) for v in value_type):
+        known = set(value_type) == {e.value for e in AmpDtype}
+        return AmpDtype if known else Enum("Choice", {v: v for v in value_type})
+    return int
 
 
-@dataclass
-class RecomputeConfigs:
-    checkpoints: list[str] = field(default_factory=list)  # submodule names to recompute in backward
+def _schema_default(annotation: Any, default: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return field(default=annotation(default))
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d))
+    return field(default=default)
 
 
-@dataclass
-class GradientMergeConfigs:
-    k_steps: int = 1
-    avg: bool = True
+def _make_schema(name: str, doc: str, fields: list[tuple[str, Any, Any]]) -> type:
+    cls = make_dataclass(name, fields)
+    cls.__module__, cls.__qualname__, cls.__doc__ = __name__, name, doc
+    return cls
 
 
-@dataclass
-class Fp16AllreduceConfigs:
-    dtype: AmpDtype = AmpDtype.float16
+def _strategy_schemas() -> dict[str, type]:
+    """``StrategyConfig`` and one schema per ``*_configs`` section, from ``DistributedStrategy.field_table()``:
+    the strategy's fields, types and defaults are written down once, in fleetlite/distributed/fleet/strategy.py."""
+    out: dict[str, type] = {}
+    top: list[tuple[str, Any, Any]] = []
+    for name, entry in DistributedStrategy.field_table().items():
+        if isinstance(entry, dict):
+            cls_name = "".join(part.capitalize() for part in name.split("_"))  # amp_configs -> AmpConfigs
+            keys = [(k, _schema_type(t), _schema_default(_schema_type(t), d)) for k, (t, d) in entry.items()]
+            out[cls_name] = _make_schema(cls_name, f"``strategy.{name}``: DistributedStrategy's {name}.", keys)
+            top.append((name, out[cls_name], field(default_factory=out[cls_name])))
+        else:
+            t, d = entry
+            top.append((name, _schema_type(t), _schema_default(_schema_type(t), d)))
+    out["StrategyConfig"] = _make_schema("StrategyConfig", "``strategy/``: a ``fleet.DistributedStrategy`` in YAML "
+                                         "(Paddle's names), field for field.", top)
+    return out
 
 
-@dataclass
-class ShardingConfigs:
-    stage: int = 1  # 1: optimizer state (ZeroRedundancyOptimizer); 2: + gradients; 3: + parameters (FSDP2)
-    sharding_degree: int = -1  # ranks per sharding group: -1 all, fewer = hybrid (shard in a node, replicate across)
-    offload: bool = False  # stages 2/3: shards in CPU memory (FSDP2 CPUOffloadPolicy)
-    wrap: list[str] = field(default_factory=list)  # module class names made FSDP units (empty: automatic)
-
-
-@dataclass
-class StrategyConfig:
-    """``strategy/``: a ``fleet.DistributedStrategy`` in YAML (Paddle's names)."""
-
-    find_unused_parameters: bool = False
-    fuse_all_reduce_ops: bool = True
-    fuse_grad_size_in_MB: float = 32
-    last_comm_group_size_MB: float = 1
-    amp: bool = False
-    amp_configs: AmpConfigs = field(default_factory=AmpConfigs)
-    recompute: bool = False
-    recompute_configs: RecomputeConfigs = field(default_factory=RecomputeConfigs)
-    gradient_merge: bool = False
-    gradient_merge_configs: GradientMergeConfigs = field(default_factory=GradientMergeConfigs)
-    sync_batch_norm: bool = False
-    fp16_allreduce: bool = False
-    fp16_allreduce_configs: Fp16AllreduceConfigs = field(default_factory=Fp16AllreduceConfigs)
-    sharding: bool = False
-    sharding_configs: ShardingConfigs = field(default_factory=ShardingConfigs)
+_STRATEGY = _strategy_schemas()
+StrategyConfig = _STRATEGY["StrategyConfig"]
+AmpConfigs, RecomputeConfigs = _STRATEGY["AmpConfigs"], _STRATEGY["RecomputeConfigs"]
+GradientMergeConfigs, Fp16AllreduceConfigs = _STRATEGY["GradientMergeConfigs"], _STRATEGY["Fp16AllreduceConfigs"]
+ShardingConfigs = _STRATEGY["ShardingConfigs"]
 
 
 # --- trainer --------------------------------------------------------------------------------------------------
@@ -227,12 +225,13 @@ class CallbacksConfig:
 
 @dataclass
 class TrainerConfig:
-    """``trainer/``: the loop's knobs. ``batch_size`` is global: each of N ranks takes batch_size // N."""
+    """``trainer/``: the loop's knobs. ``global_batch_size`` is the batch of one step over all ranks: each of N
+    ranks takes global_batch_size // N (``Trainer.fit(batch_size=)`` is per rank)."""
 
     epochs: int = 10
     max_steps: int | None = None        # stop after this many optimizer steps (a slice; resume=latest continues)
-    batch_size: int = 128
-    eval_batch_size: int | None = 512  # None: batch_size
+    global_batch_size: int = 128
+    eval_batch_size: int | None = 512  # global too; None: global_batch_size
     eval_freq: int = 1                  # evaluate every N epochs (and after the last)
     log_freq: int = 10                  # progress/log every N steps
     save_freq: int = 1                  # checkpoint every N epochs (and after the last)
@@ -341,10 +340,6 @@ def launch_time(pattern: str) -> str:
     default ``run_dir`` stays one directory for the whole job; otherwise the
     time this process first asked (like Hydra's ``${now:...}``).
     """
-    import datetime
-    import os
-    import time
-
     global _process_start
     raw = os.environ.get(LAUNCH_TIME_VAR, "").strip()
     try:
@@ -361,8 +356,7 @@ def launch_time(pattern: str) -> str:
 def register_configs() -> None:
     """Store every schema in Hydra's ConfigStore (``cifar10_schema`` and ``schema/<group>/<name>``) and
     register the ``launch_time`` resolver."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
+    from hydra.core.config_store import ConfigStore  # hydra: heavy, only when a recipe registers its schemas
 
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time)

@@ -23,16 +23,23 @@ import difflib
 import importlib
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from .schema import SCHEMAS, RecipeConfig
+from fleetlite.checkpoint import MARKER, find_latest, is_checkpoint_dir
+from fleetlite.distributed.fleet.strategy import DistributedStrategy
+from fleetlite.trainer.checkpoint import LATEST, CheckpointError, list_checkpoints, load_latest_checkpoint
+from fleetlite.trainer.state import REQUIRED
+
+from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig
 
 __all__ = ["ConfigError", "check_config", "check_known_keys", "check_run_dir", "find_resume_checkpoint",
-           "check_restartable", "describe_compose_error", "CHECKPOINT_SUBDIR"]
+           "choose_resume_checkpoint", "check_restartable", "describe_compose_error", "CHECKPOINT_SUBDIR"]
 
 CHECKPOINT_SUBDIR = "checkpoints"
 
@@ -44,6 +51,22 @@ class ConfigError(ValueError):
 
         raise ConfigError("optim.lr=0.0 must be a positive number (the learning rate); e.g. optim.lr=0.05")
     """
+
+
+#: Keys that were renamed: the old name -> the new one (a config or override using the old name is refused, naming
+#: the new one).
+RENAMED_KEYS = {
+    "trainer.batch_size": ("trainer.global_batch_size", "the batch of one optimizer step over all ranks, split "
+                           "across them; Trainer.fit(batch_size=) is the per-rank batch"),
+}
+
+
+def _renamed(full_key: str) -> str | None:
+    """The one-line error for a key that was renamed (None for any other key)."""
+    if full_key not in RENAMED_KEYS:
+        return None
+    new, what = RENAMED_KEYS[full_key]
+    return f"{full_key} was renamed {new} ({what}): write {new}=... instead (in overrides and in config files)"
 
 
 def _fields(schema: type) -> list[str]:
@@ -64,6 +87,7 @@ def check_known_keys(cfg: DictConfig, schema: type = RecipeConfig, prefix: str =
             continue
         full = f"{prefix}{key}"
         if key not in valid:
+            _need(_renamed(full) is None, str(_renamed(full)))
             raise ConfigError(f"unknown key '{full}' ({schema.__name__} has no field '{key}'): "
                               f"{_suggest(key, valid)}remove it; valid keys: {', '.join(valid)}")
         node = cfg._get_node(key)
@@ -111,7 +135,7 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
     # trainer
     _need(t.epochs >= 1, f"trainer.epochs={t.epochs} must be at least 1")
     _need(t.max_steps is None or t.max_steps >= 1, f"trainer.max_steps={t.max_steps} must be at least 1 (or null)")
-    for key in ("batch_size", "eval_batch_size"):
+    for key in ("global_batch_size", "eval_batch_size"):
         value = t[key]
         if value is None:
             continue
@@ -157,8 +181,6 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
 
 
 def _check_strategy(node: DictConfig, world_size: int) -> None:
-    from fleetlite.distributed.fleet.strategy import DistributedStrategy
-
     values = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     try:
         DistributedStrategy.from_dict(values).check_supported(world_size)
@@ -170,16 +192,21 @@ def _check_strategy(node: DictConfig, world_size: int) -> None:
 def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
     """The checkpoint ``resume`` names: None, the newest one in ``run_dir/checkpoints`` ("latest"; "auto" is the
     same but starts afresh when there is none yet), or a path."""
+    found = choose_resume_checkpoint(resume, run_dir)
+    return None if found is None else Path(found)
+
+
+def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
+    """As :func:`find_resume_checkpoint`, keeping what choosing read: ``latest``/``auto`` validate a checkpoint
+    file by loading it, so a file comes back as a ``LoadedCheckpoint`` (path and state, read once here); a
+    sharded checkpoint directory, or a path given by the user (checked to exist, not read), as a ``Path``."""
     if resume is None or str(resume).strip() == "":
         _refuse_overwrite(Path(run_dir) / CHECKPOINT_SUBDIR)
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
-        from fleetlite.checkpoint import find_newest
-        from fleetlite.trainer.checkpoint import CheckpointError
-
         try:  # a .pt file or a sharded (DCP) checkpoint directory
-            found = find_newest(ckpt_dir) if ckpt_dir.is_dir() else None
+            found = _newest(ckpt_dir) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
             raise ConfigError(f"resume={resume}: {e}; pass resume=<path of a good checkpoint> instead") from None
         if found is None and str(resume) == "auto":
@@ -187,14 +214,22 @@ def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Pa
         if found is None:
             raise ConfigError(f"resume=latest but {ckpt_dir} holds no checkpoint: point run_dir= at the "
                               "directory of the run to continue, or drop resume= to start afresh")
-        return Path(found)
+        return found
     path = Path(resume)
-    from fleetlite.checkpoint import is_checkpoint_dir
-
     if not path.is_file() and not is_checkpoint_dir(path):
         raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
                           "resume=latest with run_dir=<the earlier run>")
     return path
+
+
+def _newest(ckpt_dir: Path):
+    """The newest valid checkpoint of either kind (``fleetlite.checkpoint.find_newest``'s rule), a file loaded;
+    its absolute path (the job's run directory is absolute)."""
+    ckpt_dir = ckpt_dir.absolute()
+    file, folder = load_latest_checkpoint(ckpt_dir, require=REQUIRED), find_latest(ckpt_dir)
+    if folder is None or file is None:
+        return folder or file
+    return folder if (folder / MARKER).stat().st_mtime_ns > file.path.stat().st_mtime_ns else file
 
 
 def _importable(module: str) -> bool:
@@ -207,8 +242,6 @@ def _importable(module: str) -> bool:
 
 def _refuse_overwrite(ckpt_dir: Path) -> None:
     """A fresh run (no ``resume=``) must not overwrite the checkpoints of an earlier run in the same run_dir."""
-    from fleetlite.trainer.checkpoint import LATEST, list_checkpoints
-
     found = [p.name for p in list_checkpoints(ckpt_dir)] + ([LATEST] if (ckpt_dir / LATEST).exists() else [])
     if found:
         shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
@@ -243,8 +276,6 @@ def check_restartable(resume: str | None, raw_run_dir: str, environ: dict[str, s
     if "${now:" in raw_run_dir:
         why = "it follows the current time (${now:...}), so each restart would look in a new directory"
     elif "${launch_time:" in raw_run_dir:
-        from .schema import LAUNCH_TIME_VAR
-
         if not env.get(LAUNCH_TIME_VAR):
             why = ("it takes the launch time, which plain torchrun does not keep across restarts (fleetlite launch "
                    "does)")
@@ -279,10 +310,12 @@ def _first_line(text: str) -> str:
 
 def describe_compose_error(exc: BaseException) -> str:
     """One line for an error Hydra raised while composing the config (wrong type, unknown key or option...)."""
-    from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+    from hydra.errors import MissingConfigException  # hydra: heavy, only for the recipes
 
     cause = exc.__cause__
+    named = re.search(r"full_key: (\S+)", str(exc))  # a config file's key (the error of an override has a cause)
+    if named and _renamed(named.group(1)):
+        return str(_renamed(named.group(1)))
     if isinstance(exc, MissingConfigException):
         missing = exc.missing_cfg_file or _first_line(str(exc))
         group, _, option = str(missing).rpartition("/")
@@ -292,6 +325,8 @@ def describe_compose_error(exc: BaseException) -> str:
         return " ".join(str(exc).split())
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         key = getattr(cause, "full_key", None) or ""
+        if _renamed(str(key)):
+            return str(_renamed(str(key)))
         obj = getattr(cause, "object_type", None)
         valid = _fields(obj) if obj is not None and dataclasses.is_dataclass(obj) else []
         leaf = str(key).rpartition(".")[2]

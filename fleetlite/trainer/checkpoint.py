@@ -42,7 +42,7 @@ import warnings
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -60,6 +60,8 @@ __all__ = [
     "load_checkpoint",
     "check_plain",
     "find_latest_checkpoint",
+    "load_latest_checkpoint",
+    "LoadedCheckpoint",
     "list_checkpoints",
     "atomic_alias",
     "probe_writable",
@@ -306,9 +308,27 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted(files, key=key, reverse=True)
 
 
-def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
-                           warn: bool = True) -> Path | None:
-    """The newest valid checkpoint in ``directory``: ``latest.pt`` when valid, else the newest valid file.
+class LoadedCheckpoint(NamedTuple):
+    """A checkpoint file read once: its ``path`` and loaded ``state`` (``os.fspath`` gives the path).
+
+    Hand it to ``Trainer.fit(resume=...)`` so the file is not read a second time.
+
+    Example::
+
+        found = load_latest_checkpoint("outputs/run/checkpoints", require=["model"])
+        trainer.fit(data, resume=found)
+    """
+
+    path: Path
+    state: dict[str, Any]
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+def load_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
+                           warn: bool = True) -> LoadedCheckpoint | None:
+    """The newest valid checkpoint in ``directory``, loaded: ``latest.pt`` when valid, else the newest valid file.
 
     Falls back with a warning naming each skipped file and why; ``None`` when
     the directory holds no valid checkpoint.
@@ -318,17 +338,24 @@ def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[st
     problems = []
     for p in candidates:
         try:
-            load_checkpoint(p, require=require)
+            state = load_checkpoint(p, require=require)
         except CheckpointError as e:
             problems.append(f"{p.name}: {e.problem}")
             continue
         if problems and warn:
             warn_user(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
                           f"falling back to {p.name}")
-        return p
+        return LoadedCheckpoint(p, state)
     if problems and warn:
         warn_user(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})")
     return None
+
+
+def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
+                           warn: bool = True) -> Path | None:
+    """The path of :func:`load_latest_checkpoint`'s checkpoint (``None`` when there is none)."""
+    found = load_latest_checkpoint(directory, require=require, warn=warn)
+    return None if found is None else found.path
 
 
 # -- RNG states ------------------------------------------------------------------

@@ -25,12 +25,14 @@ from torch import nn
 
 from ..distributed import ParallelEnv, collective, fleet
 from ..distributed.agreement import check_same_across_ranks
+from ..distributed.env import read_env
 from ..distributed.fleet.amp import warn_cpu_amp
 from ..distributed.fleet.recompute import is_recomputed
 from ..parallel import DataParallel
 from ..parallel.sharded import ShardedDataParallel
 
-__all__ = ["Connector", "resolve_device", "check_positive", "plain_config", "compile_options", "unwrap_compiled"]
+__all__ = ["Connector", "resolve_device", "process_group_backend", "init_process_group", "check_positive",
+           "plain_config", "compile_options", "unwrap_compiled"]
 
 # Note [compile in place]
 # ``Trainer(compile=...)`` compiles the network with ``nn.Module.compile`` (torch.compile of the module's own
@@ -62,8 +64,14 @@ def plain_config(config: Any) -> Any:
     raise TypeError(f"config must be a dict (or an OmegaConf DictConfig), got {type(config).__name__}")
 
 
+# Note [one device, one process group]
+# The connector alone decides this rank's device and starts the process group: ``resolve_device`` (the device,
+# from ParallelEnv for "auto"/"cuda", the one source of the rank's GPU), ``process_group_backend`` (which backend
+# a device setting needs) and ``init_process_group`` (idempotent). A recipe's preflight starts the group first (it
+# needs it to agree on the config); the job and the Trainer's ``Connector`` call it again and find it done.
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``: this rank's GPU when CUDA is available, else the CPU; otherwise ``torch.device(device)``."""
+    """``"auto"``: this rank's GPU when CUDA is available, else the CPU; ``"cuda"``: this rank's GPU; otherwise
+    ``torch.device(device)``. Raises ValueError for a non-device or for CUDA without CUDA."""
     if device is None or device == "auto":
         return torch.device(ParallelEnv().device)
     try:
@@ -73,7 +81,25 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} asks for CUDA but no CUDA device is available here; use "
                          "device='cpu' or 'auto'")
+    if dev.type == "cuda" and dev.index is None:  # "cuda": this rank's GPU, from the one source
+        return torch.device(ParallelEnv().device)
     return dev
+
+
+def process_group_backend(device: str | torch.device | None) -> str:
+    """The ``init_parallel_env`` backend for a device setting: ``"cpu"`` gloo, ``"cuda"`` NCCL (+ gloo for CPU
+    tensors), anything else (``"auto"``, ``"cuda:1"``, a torch.device) ``"auto"`` (gloo when GPUs are short)."""
+    return {"cpu": "gloo", "cuda": "nccl"}.get(device if isinstance(device, str) else "", "auto")
+
+
+def init_process_group(device: str | torch.device | None = "auto") -> None:
+    """Start the process group when the launcher started several ranks; idempotent, nothing with one rank.
+
+    The backend follows the device setting (:func:`process_group_backend`); on CUDA the group's start also
+    makes this rank's GPU the current device. Note [one device, one process group].
+    """
+    if read_env().world_size > 1:
+        collective.init_parallel_env(backend=process_group_backend(device))
 
 
 def compile_options(value: Any) -> dict[str, Any] | None:
@@ -123,6 +149,7 @@ class Connector:
     """
 
     def __init__(self, strategy: Any = None, device: str | torch.device | None = "auto", compile: Any = None) -> None:
+        self._device_setting = device
         self.device = resolve_device(device)
         self.compile = compile_options(compile)
         self.user_strategy = strategy
@@ -145,11 +172,10 @@ class Connector:
         if self._started:
             return
         self.strategy = self._resolve_strategy()
+        init_process_group(self._device_setting)  # Note [one device, one process group]: done when a recipe runs
         with warnings.catch_warnings():  # one process is a normal Trainer run, not a launch mistake: no warning
             warnings.filterwarnings("ignore", message=re.escape("fleetlite: world size is 1"))
             fleet.init(is_collective=True, strategy=self.strategy, by_trainer=True)  # Note [trainer strategy]
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda": this rank's GPU, from the one source
-            self.device = ParallelEnv().device
         self._started = True
 
     def set_strategy(self, strategy: Any, hint: str) -> None:

@@ -42,7 +42,7 @@ from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint 
 from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
-from .checkpoint import LATEST, CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import LATEST, CheckpointError, LoadedCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .dcp_state import keeps_optimizer, load_dcp_weights, read_dcp_state, write_dcp
 from .fit_state import ResumePoint
 
@@ -210,10 +210,14 @@ def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
     ``resume``: None/False (fresh), a file path, a directory (its newest valid
     checkpoint), ``"latest"`` (the newest valid checkpoint of ``directory``,
     falling back with a warning; an error when there is none) or ``"auto"``
-    (like ``"latest"`` but a fresh start when there is none).
+    (like ``"latest"`` but a fresh start when there is none), or a
+    :class:`~fleetlite.trainer.checkpoint.LoadedCheckpoint` (a file the caller
+    already read on every rank, kept as it is).
     """
     if resume is None or resume is False:
         return None
+    if isinstance(resume, LoadedCheckpoint):  # already read (and agreed) by the caller: not read again
+        return resume
     choice: str | None = None
     error: str | None = None
     if collective.get_rank() == 0:
@@ -307,14 +311,14 @@ def restore_for_fit(t, path: Path, train) -> ResumePoint:
     the loop from the returned :class:`ResumePoint` (Note [resume order]).
     Raises ``CheckpointError`` naming the file when it does not fit the model or the run.
     """
-    s = read_resume(path)
+    s = path.state if isinstance(path, LoadedCheckpoint) else read_resume(path)
+    path = Path(path)
     world = collective.get_world_size()
     if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
         raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-
         load_dcp_weights(t, path, s)
     else:
         try:

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 WRAPPER = Path(__file__).resolve().parent / "fault_recipe.py"
 # 512 samples, global batch 64: 8 optimizer steps per epoch, 16 in all; checkpoints every 3 steps
 RECIPE_ARGS = ["data=synthetic", "data.train_size=512", "data.test_size=128", "trainer.epochs=2",
-               "trainer.batch_size=64", "trainer.eval_batch_size=128", "trainer.callbacks.progress=false",
+               "trainer.global_batch_size=64", "trainer.eval_batch_size=128", "trainer.callbacks.progress=false",
                "trainer.plot=false", "trainer.save_steps=3"]
 STEPS = 16
 

@@ -133,7 +133,7 @@ def test_cosine_formula_spot_value():
 def test_synthetic_data_is_split_across_ranks_with_the_global_batch():
     from fleetlite.recipe.build import build_data
 
-    cfg = _compose("data=synthetic", "data.train_size=200", "data.test_size=50", "trainer.batch_size=40",
+    cfg = _compose("data=synthetic", "data.train_size=200", "data.test_size=50", "trainer.global_batch_size=40",
                    "trainer.eval_batch_size=20")
     data = build_data(cfg.data, cfg.trainer, torch.device("cpu"), world_size=2, rank=1)
     assert data.train.batch_size == 20 and len(data.train) == 5  # 200 samples / (20 per rank x 2 ranks)
@@ -156,6 +156,6 @@ def test_real_cifar10_missing_offline_says_so_and_suggests_synthetic(tmp_path):
 def test_too_few_samples_for_one_batch():
     from fleetlite.recipe.build import build_data
 
-    cfg = _compose("data=synthetic", "data.train_size=30", "data.test_size=10", "trainer.batch_size=64")
+    cfg = _compose("data=synthetic", "data.train_size=30", "data.test_size=10", "trainer.global_batch_size=64")
     with pytest.raises(ConfigError, match="make no full batch of 32 per rank"):
         build_data(cfg.data, cfg.trainer, torch.device("cpu"), world_size=2, rank=0)

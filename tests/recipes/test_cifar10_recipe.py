@@ -21,8 +21,8 @@ from fleetlite.testing import run_launch
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cifar10.py"
-TINY = ["data=synthetic", "data.train_size=256", "data.test_size=128", "trainer.epochs=2", "trainer.batch_size=64",
-        "trainer.eval_batch_size=64"]
+TINY = ["data=synthetic", "data.train_size=256", "data.test_size=128", "trainer.epochs=2",
+        "trainer.global_batch_size=64", "trainer.eval_batch_size=64"]
 QUIET = ["trainer.callbacks.progress=false"]
 FINAL = re.compile(r"final validation accuracy: (\d\.\d{4}) \(loss (\d+\.\d{4})\)")
 
@@ -132,10 +132,11 @@ def test_bad_override_exits_2_with_one_line_before_anything_is_written(tmp_path)
 
 @pytest.mark.timeout(120)
 def test_batch_smaller_than_ranks_fails_on_every_rank_with_one_line(tmp_path):
-    proc = run_launch(["--nproc_per_node", "2", str(RECIPE), "data=synthetic", "trainer.batch_size=1"],
+    proc = run_launch(["--nproc_per_node", "2", str(RECIPE), "data=synthetic", "trainer.global_batch_size=1"],
                       timeout=100, cwd=str(tmp_path), env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == ["error: trainer.batch_size=1 is smaller than the number of ranks (2): it is the global batch, "
-                      "split across ranks, so every rank would get none; set trainer.batch_size=2 or more"]
+    assert errors == ["error: trainer.global_batch_size=1 is smaller than the number of ranks (2): it is the global "
+                      "batch, split across ranks, so every rank would get none; "
+                      "set trainer.global_batch_size=2 or more"]
     assert not (tmp_path / "outputs").exists()

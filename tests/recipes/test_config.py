@@ -116,7 +116,7 @@ def test_unknown_group_option_lists_the_choices():
     (["optim.lr=0"], r"optim.lr=0.0 must be a positive number"),
     (["optim.lr=-0.1"], r"optim.lr=-0.1 must be a positive"),
     (["optim=adam", "optim.betas=[0.9,1.5]"], r"optim.betas=\[0.9, 1.5\] must be two numbers"),
-    (["trainer.batch_size=1"], r"trainer.batch_size=1 is smaller than the number of ranks \(2\)"),
+    (["trainer.global_batch_size=1"], r"trainer.global_batch_size=1 is smaller than the number of ranks \(2\)"),
     (["trainer.epochs=0"], r"trainer.epochs=0 must be at least 1"),
     (["sched.warmup_epochs=20"], r"sched.warmup_epochs=20.0 must be in \[0, trainer.epochs=10\)"),
     (["optim.name=sgd"], r"optim.name='sgd' does not match the optim option in use \(adam\)"),
@@ -132,7 +132,7 @@ def test_bad_values_fail_with_one_clear_line(overrides, match):
 
 
 def test_batch_size_equal_to_ranks_is_fine():
-    check_config(_compose("trainer.batch_size=2"), world_size=2)
+    check_config(_compose("trainer.global_batch_size=2"), world_size=2)
 
 
 def test_resume_latest_without_checkpoint_and_missing_path(tmp_path):
@@ -168,5 +168,18 @@ def test_airbench_experiment_sets_every_group_it_names():
     check_config(cfg, world_size=1)
     assert (cfg.model.name, cfg.optim.name, cfg.sched.name) == ("fast", "sgd", "onecycle")
     assert cfg.strategy.amp and cfg.strategy.amp_configs.dtype.value == "bfloat16"
-    assert cfg.data.channels_last and cfg.trainer.batch_size == 1024 and cfg.trainer.label_smoothing == 0.2
+    assert cfg.data.channels_last and cfg.trainer.global_batch_size == 1024 and cfg.trainer.label_smoothing == 0.2
     assert "experiment" not in cfg  # a preset, not a config key
+
+
+def test_the_strategy_schema_is_the_strategy_table():
+    """Issue 12 item 4: the recipe's strategy group has DistributedStrategy's fields, types and defaults, generated
+    from its one table (a field added there appears here, with its default)."""
+    from fleetlite.distributed.fleet import DistributedStrategy
+    from fleetlite.recipe.schema import StrategyConfig
+
+    schema = OmegaConf.to_container(OmegaConf.structured(StrategyConfig), enum_to_str=True)
+    assert set(schema) == set(DistributedStrategy.field_names())
+    assert schema == DistributedStrategy().to_dict()
+    cfg = _compose("strategy=sharding2")
+    assert DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, enum_to_str=True)).sharding_stage == 2

@@ -84,3 +84,10 @@ def test_run_dir_with_spaces_is_quoted_for_hydra(tmp_path):
     args = prepare_cli(CONF, "cifar10", [f"run_dir='{tmp_path}/a b'"])
     (override,) = OverridesParser.create().parse_overrides(args)
     assert override.value() == f"{tmp_path}/a b" and (tmp_path / "a b").is_dir()
+
+
+@pytest.mark.parametrize("override", ["trainer.batch_size=64", "+trainer.batch_size=64"])
+def test_the_old_batch_size_key_names_its_new_name(capsys, tmp_path, override):
+    line = refused(capsys, override, f"run_dir={tmp_path / 'run'}")
+    assert line.startswith("error: trainer.batch_size was renamed trainer.global_batch_size (")
+    assert "Trainer.fit(batch_size=) is the per-rank batch" in line

@@ -17,8 +17,9 @@ from fleetlite.trainer.checkpoint import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cifar10.py"
 FAULT_RECIPE = REPO / "tests" / "faults" / "fault_recipe.py"
-TINY = ["data=synthetic", "data.train_size=128", "data.test_size=64", "trainer.epochs=2", "trainer.batch_size=32",
-        "trainer.eval_batch_size=64", "trainer.callbacks.progress=false", "trainer.plot=false"]
+TINY = ["data=synthetic", "data.train_size=128", "data.test_size=64", "trainer.epochs=2",
+        "trainer.global_batch_size=32", "trainer.eval_batch_size=64", "trainer.callbacks.progress=false",
+        "trainer.plot=false"]
 
 
 def run(args: list[str], cwd: Path, script: Path = RECIPE, env: dict[str, str] | None = None, timeout: float = 240):

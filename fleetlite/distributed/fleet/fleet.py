@@ -42,9 +42,7 @@ logger = logging.getLogger("fleetlite.fleet")
 # buffer size used when strategy.fuse_all_reduce_ops is False: every gradient gets a bucket (all-reduce) of its own
 _UNFUSED_MB = 1e-9
 # strategy fields applied to the model by distributed_model (a later strategy cannot change an already wrapped model)
-_MODEL_FIELDS = ("find_unused_parameters", "fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB",
-                 "amp", "amp_configs", "recompute", "recompute_configs", "sync_batch_norm", "fp16_allreduce",
-                 "fp16_allreduce_configs", "sharding", "sharding_configs")
+_MODEL_FIELDS = tuple(DistributedStrategy.model_field_names())
 
 
 _state = context.state  # what init keeps (context.py, shared with amp.from_strategy)

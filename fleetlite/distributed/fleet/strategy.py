@@ -32,12 +32,23 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _typed(value_type: Any) -> Callable[[_Check], _Check]:
+    """Record the type of value a check accepts (``check.value_type``): the recipe schema is generated from it."""
+    def mark(check: _Check) -> _Check:
+        check.value_type = value_type
+        return check
+
+    return mark
+
+
+@_typed(bool)
 def _bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ValueError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
     return v
 
 
+@_typed(float)
 def _positive(name: str, v: Any) -> int | float:
     if not _is_number(v) or v <= 0:
         raise ValueError(f"{name} must be a positive number, got {v!r}")
@@ -45,6 +56,7 @@ def _positive(name: str, v: Any) -> int | float:
 
 
 def _int_at_least(low: int) -> _Check:
+    @_typed(int)
     def check(name: str, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
@@ -53,18 +65,21 @@ def _int_at_least(low: int) -> _Check:
     return check
 
 
+@_typed(int)
 def _degree(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
         raise ValueError(f"{name} must be -1 (fill the remaining ranks) or an integer >= 1, got {v!r}")
     return v
 
 
+@_typed(float)
 def _ratio_above_one(name: str, v: Any) -> float:
     if not _is_number(v) or v <= 1:
         raise ValueError(f"{name} must be a number > 1 (the scale grows by this factor), got {v!r}")
     return float(v)
 
 
+@_typed(float)
 def _ratio_below_one(name: str, v: Any) -> float:
     if not _is_number(v) or not 0 < v < 1:
         raise ValueError(f"{name} must be a number in (0, 1) (the scale shrinks by this factor), got {v!r}")
@@ -72,6 +87,7 @@ def _ratio_below_one(name: str, v: Any) -> float:
 
 
 def _choice(*options: Any) -> _Check:
+    @_typed(options)  # a tuple of the allowed values
     def check(name: str, v: Any) -> Any:
         if isinstance(v, bool) or v not in options:
             raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {v!r}")
@@ -80,6 +96,7 @@ def _choice(*options: Any) -> _Check:
     return check
 
 
+@_typed(list[str])
 def _names(name: str, v: Any) -> list[str]:
     if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(isinstance(s, str) for s in v):
         raise ValueError(f"{name} must be a list of submodule names (strings, e.g. ['layer1', 'layer2']), "
@@ -87,6 +104,7 @@ def _names(name: str, v: Any) -> list[str]:
     return list(v)
 
 
+@_typed(list[float])
 def _fractions(name: str, v: Any) -> list[float]:
     if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(
             _is_number(s) and 0 <= s < 1 for s in v):
@@ -94,22 +112,26 @@ def _fractions(name: str, v: Any) -> list[float]:
     return [float(s) for s in v]
 
 
-# name -> (default, check). Order is the order of to_dict() and repr().
-_FLAGS: dict[str, tuple[Any, _Check]] = {
-    "find_unused_parameters": (False, _bool),
-    "fuse_all_reduce_ops": (True, _bool),
-    "fuse_grad_size_in_MB": (32, _positive),
-    "last_comm_group_size_MB": (1, _positive),
-    "amp": (False, _bool),
-    "recompute": (False, _bool),
-    "gradient_merge": (False, _bool),
-    "sync_batch_norm": (False, _bool),
-    "fp16_allreduce": (False, _bool),
-    "sharding": (False, _bool),
-    "dgc": (False, _bool),
-    "localsgd": (False, _bool),
-    "pipeline": (False, _bool),
-    "tensor_parallel": (False, _bool),
+# The one table of the strategy's fields (the recipe's schema, fleetlite.recipe.schema, is generated from it).
+# name -> (default, check, applied to the model): "model" fields (and their ``<name>_configs`` section) are applied
+# by ``distributed_model``, so a later strategy cannot change them on an already wrapped model; the others act in
+# the optimizer (gradient_merge) or are refused by check_supported. Order is the order of to_dict() and repr().
+_MODEL, _OTHER = True, False
+_FLAGS: dict[str, tuple[Any, _Check, bool]] = {
+    "find_unused_parameters": (False, _bool, _MODEL),
+    "fuse_all_reduce_ops": (True, _bool, _MODEL),
+    "fuse_grad_size_in_MB": (32, _positive, _MODEL),
+    "last_comm_group_size_MB": (1, _positive, _MODEL),
+    "amp": (False, _bool, _MODEL),
+    "recompute": (False, _bool, _MODEL),
+    "gradient_merge": (False, _bool, _OTHER),
+    "sync_batch_norm": (False, _bool, _MODEL),
+    "fp16_allreduce": (False, _bool, _MODEL),
+    "sharding": (False, _bool, _MODEL),
+    "dgc": (False, _bool, _OTHER),
+    "localsgd": (False, _bool, _OTHER),
+    "pipeline": (False, _bool, _OTHER),
+    "tensor_parallel": (False, _bool, _OTHER),
 }
 
 _CONFIGS: dict[str, dict[str, tuple[Any, _Check]]] = {
@@ -209,7 +231,7 @@ class DistributedStrategy:
 
     def __init__(self, **fields: Any) -> None:
         object.__setattr__(self, "_values", {})
-        for name, (default, _) in _FLAGS.items():
+        for name, (default, *_) in _FLAGS.items():
             self._values[name] = copy.deepcopy(default)
         for section, spec in _CONFIGS.items():
             self._values[section] = {k: copy.deepcopy(d) for k, (d, _) in spec.items()}
@@ -260,6 +282,31 @@ class DistributedStrategy:
         """All attribute names, flags then ``*_configs`` sections."""
         return list(_FLAGS) + list(_CONFIGS)
 
+    @staticmethod
+    def model_field_names() -> list[str]:
+        """The fields ``distributed_model`` applies to the model: model-side flags and their ``*_configs``."""
+        flags = [name for name, (*_, model) in _FLAGS.items() if model]
+        return [f for name in flags for f in (name, f"{name}_configs") if f in _FLAGS or f in _CONFIGS]
+
+    @staticmethod
+    def field_table() -> dict[str, Any]:
+        """Every field as ``(value type, default)``; a ``*_configs`` section as a dict of its keys' pairs.
+
+        The value type is ``bool``, ``int``, ``float``, ``list[str]``, ``list[float]``, or a tuple of the
+        allowed values. Order: each flag followed by its section, then the remaining sections. The recipe's
+        ``strategy`` schema is generated from this table.
+        """
+        table: dict[str, Any] = {}
+        for name, (default, check, _) in _FLAGS.items():
+            table[name] = (check.value_type, copy.deepcopy(default))
+            if f"{name}_configs" in _CONFIGS:
+                section = f"{name}_configs"
+                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in _CONFIGS[section].items()}
+        for section, spec in _CONFIGS.items():
+            if section not in table:
+                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in spec.items()}
+        return table
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain python values (configs as nested dicts)."""
         return copy.deepcopy(self._values)
@@ -282,7 +329,7 @@ class DistributedStrategy:
     def diff(self) -> dict[str, Any]:
         """The fields (and config keys) that differ from the defaults."""
         out: dict[str, Any] = {}
-        for name, (default, _) in _FLAGS.items():
+        for name, (default, *_) in _FLAGS.items():
             if self._values[name] != default:
                 out[name] = self._values[name]
         for section, spec in _CONFIGS.items():

@@ -12,8 +12,8 @@ from fleetlite.testing import run_launch
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "recipes" / "cifar10.py"
-TINY = ["data=synthetic", "data.train_size=256", "data.test_size=128", "trainer.epochs=2", "trainer.batch_size=64",
-        "trainer.eval_batch_size=64", "trainer.callbacks.progress=false"]
+TINY = ["data=synthetic", "data.train_size=256", "data.test_size=128", "trainer.epochs=2",
+        "trainer.global_batch_size=64", "trainer.eval_batch_size=64", "trainer.callbacks.progress=false"]
 
 
 def _metrics(run_dir: Path) -> list[dict[str, float]]:

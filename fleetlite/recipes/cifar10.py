@@ -9,15 +9,14 @@
     fleetlite launch --nproc_per_node 2 --max_restarts 3 recipes/cifar10.py resume=auto trainer.save_steps=200
                                          # elastic: a crashed job restarts and continues from the newest checkpoint
 
-Configs live in conf/ (cifar10.yaml and one directory per group); every key is
-checked against the schemas in fleetlite/recipe/schema.py before training.
+Configs live in conf/ (fleetlite/conf/ in the package: cifar10.yaml and one directory per group; `fleetlite ls`
+lists them, `fleetlite cp cifar10 my_recipe.py` copies this file out to edit); every key is checked against the
+schemas in fleetlite/recipe/schema.py before training.
 The run directory (default outputs/<date>/<time> of the launch, shared by all ranks and by every elastic
 restart) gets .hydra/, metrics.csv, checkpoints/, training_curves.png and model.safetensors (+ model.json),
 written by rank 0; logger=[csv,tensorboard,mlflow,wandb] adds trackers, trainer.compile/profile=true. SIGTERM
 (pre-emption) makes every rank stop after the same step, save a checkpoint and exit with status 143.
 """
-
-from pathlib import Path
 
 import hydra
 import torch
@@ -39,18 +38,18 @@ from fleetlite.recipe.build import (
     model_card,
     optimizer_steps_per_epoch,
 )
-from fleetlite.recipe.preflight import fail, prepare_cli
+from fleetlite.recipe.catalog import CONF_DIR
+from fleetlite.recipe.job import run_recipe
+from fleetlite.recipe.preflight import fail
 from fleetlite.recipe.preflight import rank as run_rank
 from fleetlite.recipe.run import exit_if_preempted, finish_run, start_run
 from fleetlite.recipe.runlog import log_failure
 from fleetlite.recipe.validate import ConfigError
 from fleetlite.trainer.checkpoint import CheckpointError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
 
 def train(cfg: DictConfig) -> float:
-    # 1. the run: process group, seed, device, run directory (shared by all ranks), checkpoint to resume
+    # 1. the run: device, process group, seed, run directory (shared by all ranks), checkpoint to resume (read once)
     run = start_run(cfg)
 
     # 2. data: uint8 CIFAR-10 tensors (on the GPU when there is one), batched crop + flip, split across ranks
@@ -90,7 +89,7 @@ def train(cfg: DictConfig) -> float:
     return finish_run(run, final, plot=cfg.trainer.plot)["acc"]
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="cifar10")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="cifar10")
 def main(cfg: DictConfig) -> float:
     try:
         return train(cfg)
@@ -108,5 +107,5 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    prepare_cli(CONF_DIR, "cifar10")  # check the overrides (one clear line on bad input); one run dir for all ranks
-    main()
+    # check the overrides (one clear line on bad input), one run dir for all ranks; then the job, config composed once
+    run_recipe(main, CONF_DIR, "cifar10")

@@ -1,0 +1,90 @@
+"""The recipes and configs that ship inside the package: where they are, which there are, copying one out.
+
+The recipe scripts live in ``fleetlite/recipes/`` and their Hydra configs in
+``fleetlite/conf/`` (package data, so an installed wheel has them; in a
+checkout ``recipes/`` and ``conf/`` at the top are links to the same
+folders). ``fleetlite ls`` lists them, ``fleetlite run NAME`` runs one and
+``fleetlite cp NAME DEST`` copies one out to edit (torchtune's ``tune``
+commands). A recipe finds its configs through :data:`CONF_DIR`, so a copied
+recipe runs from anywhere.
+
+Example::
+
+    from fleetlite.recipe.catalog import CONF_DIR, find_recipe, recipe_names
+    recipe_names()            # ['cifar10']
+    find_recipe("cifar10")    # .../fleetlite/recipes/cifar10.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["RECIPES_DIR", "CONF_DIR", "recipe_names", "config_names", "find_recipe", "find_config", "copy_out",
+           "CatalogError"]
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+#: The recipe scripts (``<name>.py``).
+RECIPES_DIR = _PACKAGE / "recipes"
+#: The Hydra config directory: ``<recipe>.yaml`` primary configs and one folder per config group.
+CONF_DIR = _PACKAGE / "conf"
+
+
+class CatalogError(ValueError):
+    """A recipe or config name that does not exist, or a copy that would overwrite a file."""
+
+
+def recipe_names() -> list[str]:
+    """The shipped recipes, by name (``cifar10`` for ``recipes/cifar10.py``)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def config_names(recipe: str | None = None) -> list[str]:
+    """The shipped configs as paths relative to :data:`CONF_DIR` (``cifar10.yaml``, ``model/resnet18.yaml``...).
+
+    With ``recipe``: its primary config first, then every group option (the recipes share the groups).
+    """
+    files = sorted(p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml"))
+    primary = [f for f in files if "/" not in f]
+    if recipe is None:
+        return files
+    return [f for f in primary if f == f"{recipe}.yaml"] + [f for f in files if "/" in f]
+
+
+def find_recipe(name: str) -> Path:
+    """The script of recipe ``name`` (or ``name`` itself when it is an existing ``.py`` file)."""
+    if name.endswith(".py") and Path(name).is_file():
+        return Path(name)
+    path = RECIPES_DIR / f"{name.removesuffix('.py')}.py"
+    if not path.is_file():
+        raise CatalogError(f"no recipe named {name!r}; the recipes are: {', '.join(recipe_names())} "
+                           "(fleetlite ls lists them with their configs), or give the path of a recipe .py file")
+    return path
+
+
+def find_config(name: str) -> Path:
+    """The shipped config ``name``: ``cifar10.yaml``, ``model/resnet18.yaml`` (``.yaml`` may be left out)."""
+    rel = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    path = CONF_DIR / rel
+    if not path.is_file():
+        raise CatalogError(f"no config named {name!r}; the configs are: {', '.join(config_names())}")
+    return path
+
+
+def copy_out(name: str, dest: str | os.PathLike, force: bool = False) -> Path:
+    """Copy recipe ``name`` (``cifar10``) or config ``name`` (``cifar10.yaml``, ``optim/sgd.yaml``) to ``dest``.
+
+    ``dest`` may be a directory (the file keeps its name). An existing file is
+    not overwritten unless ``force``. Returns the written path.
+    """
+    src = find_config(name) if name.endswith((".yaml", ".yml")) else find_recipe(name)
+    out = Path(dest)
+    if out.is_dir():
+        out = out / src.name
+    if out.exists() and not force:
+        raise CatalogError(f"{out} already exists; pass --force to overwrite it, or choose another destination")
+    if not out.parent.is_dir():
+        raise CatalogError(f"cannot copy to {out}: the folder {out.parent} does not exist; create it first")
+    shutil.copyfile(src, out)
+    return out

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fleetlite.distributed import all_gather_object, get_rank, get_world_size, is_initialized, read_env
 from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
-from fleetlite.trainer.connector import init_process_group
+from fleetlite.trainer.connector import AgreedConfig, init_process_group
 from fleetlite.trainer.state import REQUIRED
 
 from ..utils import plot as curves
@@ -62,6 +62,8 @@ class Run:
     device: torch.device
     dir: Path                   # the run directory, identical on every rank
     resume: Any                 # checkpoint to continue from: a LoadedCheckpoint (read once), a sharded dir, None
+    config: Any = None          # the job's config as plain values for Trainer(config=...): an AgreedConfig when
+                                # the preflight compared it across ranks (the Trainer does not compare it again)
 
     @property
     def is_main(self) -> bool:
@@ -80,6 +82,7 @@ def start_run(cfg: DictConfig) -> Run:
     torch.manual_seed(int(cfg.seed))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     pre = take_preflight(run_dir)  # a single run: the preflight chose the checkpoint; a multirun job chooses here
+    agreed = pre is not None  # and the preflight compared the config across ranks
     if pre is None:
         pre = _choose_resume(cfg.resume, run_dir)
     resume = _read_once(pre)
@@ -87,7 +90,9 @@ def start_run(cfg: DictConfig) -> Run:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         what = f"elastic restart {restart}: " if restart else ""
         print(f"{what}resuming from {os.fspath(resume)}", flush=True)
-    return Run(get_rank(), get_world_size(), read_env().local_rank, device, run_dir, resume)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config = AgreedConfig(plain) if agreed else plain
+    return Run(get_rank(), get_world_size(), read_env().local_rank, device, run_dir, resume, config)
 
 
 def _choose_resume(resume: str | None, run_dir: Path) -> Preflight:

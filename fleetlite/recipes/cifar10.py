@@ -20,7 +20,7 @@ written by rank 0; logger=[csv,tensorboard,mlflow,wandb] adds trackers, trainer.
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import fleetlite
 from fleetlite.callbacks import NonFiniteLossError
@@ -70,7 +70,7 @@ def train(cfg: DictConfig) -> float:
     trainer = fleetlite.Trainer(model, optimizer,
                                 loss=torch.nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing),
                                 metrics=fleetlite.metric.Accuracy(), strategy=strategy, device=run.device,
-                                config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                                config=run.config,
                                 compile=cfg.trainer.compile)
 
     # 6. fit: progress on rank 0; metrics.csv, checkpoints/ and the logger group's trackers in the run directory

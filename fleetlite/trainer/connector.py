@@ -31,8 +31,8 @@ from ..distributed.fleet.recompute import is_recomputed
 from ..parallel import DataParallel
 from ..parallel.sharded import ShardedDataParallel
 
-__all__ = ["Connector", "resolve_device", "process_group_backend", "init_process_group", "check_positive",
-           "plain_config", "compile_options", "unwrap_compiled"]
+__all__ = ["Connector", "AgreedConfig", "resolve_device", "process_group_backend", "init_process_group",
+           "check_positive", "plain_config", "compile_options", "unwrap_compiled"]
 
 # Note [compile in place]
 # ``Trainer(compile=...)`` compiles the network with ``nn.Module.compile`` (torch.compile of the module's own
@@ -51,8 +51,20 @@ def check_positive(**values: Any) -> None:
             raise ValueError(f"{name}={v!r} must be a positive integer")
 
 
+class AgreedConfig(dict):
+    """A run config already found identical on every rank (the recipe's preflight compared it before the job
+    started): ``Trainer(config=...)`` keeps it as a plain dict and does not compare it again.
+
+    Example::
+
+        config = AgreedConfig({"seed": 0})   # only when every rank's config was compared already
+    """
+
+
 def plain_config(config: Any) -> Any:
     """``config`` as plain values (a dict), resolving an OmegaConf DictConfig."""
+    if isinstance(config, AgreedConfig):
+        return dict(config)  # plain: checkpoints are read back with weights_only=True
     if config is None or isinstance(config, dict):
         return config
     if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig

@@ -28,7 +28,7 @@ from . import export, loops, state
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
 from .clipping import clip_gradients
-from .connector import Connector, check_positive, plain_config, unwrap_compiled
+from .connector import AgreedConfig, Connector, check_positive, plain_config, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState
@@ -86,11 +86,11 @@ class Trainer:
             raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
         model, was_compiled = unwrap_compiled(model)  # no _orig_mod. keys (Note [compile in place])
         compile = compile or was_compiled
-
         self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
         self._given_model = model
         self.parallel_network: nn.Module | None = None
         self._connector = Connector(strategy, device, compile)
+        self._config_agreed = isinstance(config, AgreedConfig)  # compared across ranks already (recipe preflight)
         self.config = plain_config(config)
         self._set_training_objects(optimizer, loss, metrics)
         self.grad_clip: list[Any] = []
@@ -178,7 +178,8 @@ class Trainer:
         """Start the environment and wrap the model and optimizer now (fit/evaluate/predict do it on first use)."""
         if self.parallel_network is None:
             self._connector.start()
-            self._connector.check_same_config(self.config)  # fail fast, before the model is wrapped
+            if not self._config_agreed:  # fail fast, before the model is wrapped
+                self._connector.check_same_config(self.config)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
         if training:
             if self.user_optimizer is None:

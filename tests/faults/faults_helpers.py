@@ -159,6 +159,16 @@ def fit_with_own_config(rank, world):
     return None
 
 
+def fit_with_agreed_config(rank, world):
+    """The recipe hands the Trainer a config its preflight already compared (AgreedConfig): no second
+    comparison, so ranks holding different per-rank values in it (as a test can fake) fit without a collective
+    over the config, and the checkpointed config is a plain dict."""
+    from fleetlite.trainer.connector import AgreedConfig
+
+    t = tiny_trainer(config=AgreedConfig({"optim": {"lr": 0.05, "name": "adam"}, "seed": rank}))
+    t.fit(data(), epochs=1, batch_size=8, verbose=0)
+    return t.global_step, type(t.config).__name__
+
 
 def fit_dying_in_a_save(save_dir: str) -> None:
     """Fit with a checkpoint every 2 steps; the process is SIGKILLed halfway through writing its second one.

@@ -4,7 +4,14 @@ before any training step, with a message showing the difference."""
 from __future__ import annotations
 
 import pytest
-from faults_helpers import RECIPE_ARGS, WRAPPER, fit_with_own_config, fit_with_own_width, launch_env
+from faults_helpers import (
+    RECIPE_ARGS,
+    WRAPPER,
+    fit_with_agreed_config,
+    fit_with_own_config,
+    fit_with_own_width,
+    launch_env,
+)
 
 from fleetlite.distributed.agreement import differences
 from fleetlite.testing import run_launch, run_ranks
@@ -44,6 +51,13 @@ def test_trainer_configs_differing_across_ranks_fail_on_every_rank_before_a_step
     for name, message, steps in out:
         assert name == "RankMismatchError" and steps == 0
         assert message.startswith("Trainer config differs across ranks (seed: rank 0 has 0, rank 1 has 1)")
+
+
+@pytest.mark.timeout(60)
+def test_a_config_the_recipe_preflight_agreed_is_not_compared_again():
+    out = run_ranks(fit_with_agreed_config, timeout=50)
+    assert [steps for steps, _ in out] == [out[0][0]] * 2 and out[0][0] > 0
+    assert {kind for _, kind in out} == {"dict"}
 
 
 def test_differences_lists_changed_added_and_removed_keys():

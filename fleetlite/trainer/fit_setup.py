@@ -80,7 +80,7 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
     xy = keras_xy(train_data, eval_data, "fit")
     if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
         train_data, eval_data = xy, None
-    if not getattr(t, "_paddle_hapi", False):
+    if not t.paddle_hapi:
         check_call_order(train_data, eval_data, batch_size, epochs, "keras")
     t.terminated_on_nan = None
     train_data, t.weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)

@@ -124,7 +124,7 @@ class Model(Trainer):
         (out,) = model.predict_batch([x_numpy])
     """
 
-    _paddle_hapi = True
+    paddle_hapi = True  # callbacks follow Paddle's rules (monitor modes, epoch labels, save names)
     merge_avg = False  # Paddle sums the gradients of merged (accumulated) batches
 
     def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None) -> None:

@@ -103,9 +103,9 @@ class Trainer:
         self.example_inputs: tuple[torch.Tensor, ...] | None = None  # two input rows of the first batch, for export
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
-
-    # Gradient merge averages over the window when the strategy says so (``fleetlite.Model``: sums, as Paddle)
+    # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle); paddle_hapi: callbacks follow Paddle's rules
     merge_avg: bool | None = None
+    paddle_hapi = False
 
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
         if loss is not None and not callable(loss):

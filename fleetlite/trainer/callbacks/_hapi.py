@@ -3,7 +3,7 @@
 
 Not exported by :mod:`fleetlite.callbacks` (it holds callbacks only); ``config_callbacks`` is public as
 ``fleetlite.hapi.callbacks.config_callbacks``. The Paddle-mode behaviour of each shared callback lives in
-that callback's own module (``trainer._paddle_hapi`` selects it).
+that callback's own module (``trainer.paddle_hapi`` selects it).
 """
 
 from __future__ import annotations

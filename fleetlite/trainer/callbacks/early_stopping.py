@@ -76,16 +76,16 @@ class EarlyStopping(MonitorMixin, Callback):
         self.best_weights: dict[str, Any] | None = None
 
     def on_train_begin(self, logs=None):
-        if getattr(self.trainer, "_paddle_hapi", False):
+        if getattr(self.trainer, "paddle_hapi", False):
             return self._paddle_begin()
         self._reset()
 
     def on_eval_end(self, logs=None):
-        if getattr(self.trainer, "_paddle_hapi", False) and getattr(self.trainer, "fitting", False):
+        if getattr(self.trainer, "paddle_hapi", False) and getattr(self.trainer, "fitting", False):
             self._paddle_eval_end(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if getattr(self.trainer, "_paddle_hapi", False):
+        if getattr(self.trainer, "paddle_hapi", False):
             return
         logs = logs or {}
         if self.monitor not in logs:
@@ -113,7 +113,7 @@ class EarlyStopping(MonitorMixin, Callback):
             self.trainer.stop_training = True
 
     def on_train_end(self, logs=None):
-        if getattr(self.trainer, "_paddle_hapi", False):
+        if getattr(self.trainer, "paddle_hapi", False):
             return
         if self.stopped_epoch > 0 and self.verbose and is_rank_zero():
             print(f"Epoch {self.stopped_epoch}: early stopping ({self.monitor} did not improve on "

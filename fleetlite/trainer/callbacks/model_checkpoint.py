@@ -97,7 +97,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
     # -- decisions (in the hooks) -------------------------------------------------
     def _paddle(self) -> bool:
         """Under ``fleetlite.Model``: Paddle's ModelCheckpoint (``{save_dir}/{epoch}`` and ``final`` prefixes)."""
-        return getattr(self.trainer, "_paddle_hapi", False)
+        return getattr(self.trainer, "paddle_hapi", False)
 
     def _paddle_save(self, name: str) -> None:
         """Paddle's ``Model.save`` prefix ``{save_dir}/{name}``, written by rank 0; no directory: no saving."""

@@ -112,7 +112,7 @@ class ProgressBar(Callback):
         self._samples = 0.0
         self._world = int(self.params.get("world_size", 1))
         self._t0 = time.perf_counter()
-        self._desc = epoch_label(epoch, self.params.get("epochs"), getattr(self.trainer, "_paddle_hapi", False))
+        self._desc = epoch_label(epoch, self.params.get("epochs"), getattr(self.trainer, "paddle_hapi", False))
         if self._rich_wanted():
             self._start_rich()
 

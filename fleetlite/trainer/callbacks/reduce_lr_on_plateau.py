@@ -58,11 +58,11 @@ class ReduceLROnPlateau(MonitorMixin, Callback):
         self._reset()
 
     def on_eval_end(self, logs=None):
-        if getattr(self.trainer, "_paddle_hapi", False) and getattr(self.trainer, "fitting", False):
+        if getattr(self.trainer, "paddle_hapi", False) and getattr(self.trainer, "fitting", False):
             self._observe(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if not getattr(self.trainer, "_paddle_hapi", False):
+        if not getattr(self.trainer, "paddle_hapi", False):
             self._observe(logs)
 
     def _observe(self, logs) -> None:

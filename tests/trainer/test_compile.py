@@ -44,8 +44,6 @@ def test_compiled_fit_equals_eager_one_rank():
 
 
 @pytest.mark.timeout(300)
-# the CPU-amp notice is asserted in test_amp_cpu_warning; here it is expected noise
-@pytest.mark.filterwarnings("ignore:.*strategy.amp is on with a CPU device:UserWarning")
 def test_compiled_with_recompute_and_amp():
     recompute = {"recompute": True, "recompute_configs": {"checkpoints": ["2"]}}
     eager, _, _ = _fit(strategy=recompute, epochs=1)

@@ -19,159 +19,12 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 __all__ = ["DistributedStrategy"]
 
-_Check = Callable[[str, Any], Any]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _typed(value_type: Any) -> Callable[[_Check], _Check]:
-    """Record the type of value a check accepts (``check.value_type``): the recipe schema is generated from it."""
-    def mark(check: _Check) -> _Check:
-        check.value_type = value_type
-        return check
-
-    return mark
-
-
-@_typed(bool)
-def _bool(name: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
-    return v
-
-
-@_typed(float)
-def _positive(name: str, v: Any) -> int | float:
-    if not _is_number(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive number, got {v!r}")
-    return v
-
-
-def _int_at_least(low: int) -> _Check:
-    @_typed(int)
-    def check(name: str, v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-        return v
-
-    return check
-
-
-@_typed(int)
-def _degree(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
-        raise ValueError(f"{name} must be -1 (fill the remaining ranks) or an integer >= 1, got {v!r}")
-    return v
-
-
-@_typed(float)
-def _ratio_above_one(name: str, v: Any) -> float:
-    if not _is_number(v) or v <= 1:
-        raise ValueError(f"{name} must be a number > 1 (the scale grows by this factor), got {v!r}")
-    return float(v)
-
-
-@_typed(float)
-def _ratio_below_one(name: str, v: Any) -> float:
-    if not _is_number(v) or not 0 < v < 1:
-        raise ValueError(f"{name} must be a number in (0, 1) (the scale shrinks by this factor), got {v!r}")
-    return float(v)
-
-
-def _choice(*options: Any) -> _Check:
-    @_typed(options)  # a tuple of the allowed values
-    def check(name: str, v: Any) -> Any:
-        if isinstance(v, bool) or v not in options:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {v!r}")
-        return v
-
-    return check
-
-
-@_typed(list[str])
-def _names(name: str, v: Any) -> list[str]:
-    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(isinstance(s, str) for s in v):
-        raise ValueError(f"{name} must be a list of submodule names (strings, e.g. ['layer1', 'layer2']), "
-                         f"got {v!r}")
-    return list(v)
-
-
-@_typed(list[float])
-def _fractions(name: str, v: Any) -> list[float]:
-    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not all(
-            _is_number(s) and 0 <= s < 1 for s in v):
-        raise ValueError(f"{name} must be a list of numbers in [0, 1), got {v!r}")
-    return [float(s) for s in v]
-
-
-# The one table of the strategy's fields (the recipe's schema, fleetlite.recipe.schema, is generated from it).
-# name -> (default, check, applied to the model): "model" fields (and their ``<name>_configs`` section) are applied
-# by ``distributed_model``, so a later strategy cannot change them on an already wrapped model; the others act in
-# the optimizer (gradient_merge) or are refused by check_supported. Order is the order of to_dict() and repr().
-_MODEL, _OTHER = True, False
-_FLAGS: dict[str, tuple[Any, _Check, bool]] = {
-    "find_unused_parameters": (False, _bool, _MODEL),
-    "fuse_all_reduce_ops": (True, _bool, _MODEL),
-    "fuse_grad_size_in_MB": (32, _positive, _MODEL),
-    "last_comm_group_size_MB": (1, _positive, _MODEL),
-    "amp": (False, _bool, _MODEL),
-    "recompute": (False, _bool, _MODEL),
-    "gradient_merge": (False, _bool, _OTHER),
-    "sync_batch_norm": (False, _bool, _MODEL),
-    "fp16_allreduce": (False, _bool, _MODEL),
-    "sharding": (False, _bool, _MODEL),
-    "dgc": (False, _bool, _OTHER),
-    "localsgd": (False, _bool, _OTHER),
-    "pipeline": (False, _bool, _OTHER),
-    "tensor_parallel": (False, _bool, _OTHER),
-}
-
-_CONFIGS: dict[str, dict[str, tuple[Any, _Check]]] = {
-    "amp_configs": {
-        "init_loss_scaling": (32768.0, _positive),
-        "incr_every_n_steps": (1000, _int_at_least(1)),
-        "decr_every_n_nan_or_inf": (2, _int_at_least(1)),
-        "incr_ratio": (2.0, _ratio_above_one),
-        "decr_ratio": (0.8, _ratio_below_one),
-        "use_dynamic_loss_scaling": (True, _bool),
-        "use_pure_fp16": (False, _bool),
-        "dtype": ("float16", _choice("float16", "bfloat16")),
-    },
-    "recompute_configs": {"checkpoints": ([], _names)},
-    "gradient_merge_configs": {"k_steps": (1, _int_at_least(1)), "avg": (True, _bool)},
-    "fp16_allreduce_configs": {"dtype": ("float16", _choice("float16", "bfloat16"))},
-    # stage 1: ZeroRedundancyOptimizer; 2/3: FSDP2 (fleetlite.distributed.sharding); sharding_degree -1 = all
-    # ranks, fewer = hybrid sharding; wrap: module class names that become FSDP units (default: automatic)
-    "sharding_configs": {"stage": (1, _choice(1, 2, 3)), "sharding_degree": (-1, _degree),
-                         "offload": (False, _bool), "wrap": ([], _names)},
-    "hybrid_configs": {
-        "dp_degree": (-1, _degree),
-        "mp_degree": (1, _int_at_least(1)),
-        "pp_degree": (1, _int_at_least(1)),
-        "sharding_degree": (1, _int_at_least(1)),
-    },
-    "dgc_configs": {
-        "rampup_begin_step": (0, _int_at_least(0)),
-        "rampup_step": (1, _int_at_least(1)),
-        "sparsity": ([0.999], _fractions),
-    },
-    "localsgd_configs": {"k_steps": (1, _int_at_least(1)), "begin_step": (1, _int_at_least(1))},
-}
-
-_UNSUPPORTED = {
-    "dgc": "deep gradient compression",
-    "localsgd": "local SGD",
-    "pipeline": "pipeline parallelism",
-    "tensor_parallel": "tensor (model) parallelism",
-}
+from .strategy_fields import CONFIGS, FLAGS, UNSUPPORTED
 
 
 def _suggest(name: str, valid: Sequence[str]) -> str:
@@ -201,7 +54,7 @@ class _ConfigView(MutableMapping):
 
     def __delitem__(self, key: str) -> None:
         raise TypeError(f"{self._section} keys cannot be deleted; assign the default "
-                        f"({_CONFIGS[self._section].get(key, (None,))[0]!r}) to reset {key!r}")
+                        f"({CONFIGS[self._section].get(key, (None,))[0]!r}) to reset {key!r}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
@@ -231,9 +84,9 @@ class DistributedStrategy:
 
     def __init__(self, **fields: Any) -> None:
         object.__setattr__(self, "_values", {})
-        for name, (default, *_) in _FLAGS.items():
+        for name, (default, *_) in FLAGS.items():
             self._values[name] = copy.deepcopy(default)
-        for section, spec in _CONFIGS.items():
+        for section, spec in CONFIGS.items():
             self._values[section] = {k: copy.deepcopy(d) for k, (d, _) in spec.items()}
         for name, value in fields.items():
             setattr(self, name, value)
@@ -243,16 +96,16 @@ class DistributedStrategy:
         if name.startswith("_"):
             raise AttributeError(name)
         values = self.__dict__.get("_values", {})
-        if name in _CONFIGS:
+        if name in CONFIGS:
             return _ConfigView(self, name)
         if name in values:
             return values[name]
         raise AttributeError(f"DistributedStrategy has no attribute {name!r}.{_suggest(name, self.field_names())}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FLAGS:
-            self._values[name] = _FLAGS[name][1](name, value)
-        elif name in _CONFIGS:
+        if name in FLAGS:
+            self._values[name] = FLAGS[name][1](name, value)
+        elif name in CONFIGS:
             if not isinstance(value, Mapping):
                 example = dict(list(self._values[name].items())[:1])
                 raise ValueError(f"{name} must be a dict of settings (e.g. {example}), got {value!r}")
@@ -268,7 +121,7 @@ class DistributedStrategy:
         return sorted(set(super().__dir__()) | set(self.field_names()))
 
     def _set_config(self, section: str, updates: Mapping[str, Any]) -> None:
-        spec = _CONFIGS[section]
+        spec = CONFIGS[section]
         checked = {}
         for key, value in updates.items():  # validate everything before changing anything
             if key not in spec:
@@ -280,13 +133,13 @@ class DistributedStrategy:
     @staticmethod
     def field_names() -> list[str]:
         """All attribute names, flags then ``*_configs`` sections."""
-        return list(_FLAGS) + list(_CONFIGS)
+        return list(FLAGS) + list(CONFIGS)
 
     @staticmethod
     def model_field_names() -> list[str]:
         """The fields ``distributed_model`` applies to the model: model-side flags and their ``*_configs``."""
-        flags = [name for name, (*_, model) in _FLAGS.items() if model]
-        return [f for name in flags for f in (name, f"{name}_configs") if f in _FLAGS or f in _CONFIGS]
+        flags = [name for name, (*_, model) in FLAGS.items() if model]
+        return [f for name in flags for f in (name, f"{name}_configs") if f in FLAGS or f in CONFIGS]
 
     @staticmethod
     def field_table() -> dict[str, Any]:
@@ -297,12 +150,12 @@ class DistributedStrategy:
         ``strategy`` schema is generated from this table.
         """
         table: dict[str, Any] = {}
-        for name, (default, check, _) in _FLAGS.items():
+        for name, (default, check, _) in FLAGS.items():
             table[name] = (check.value_type, copy.deepcopy(default))
-            if f"{name}_configs" in _CONFIGS:
+            if f"{name}_configs" in CONFIGS:
                 section = f"{name}_configs"
-                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in _CONFIGS[section].items()}
-        for section, spec in _CONFIGS.items():
+                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in CONFIGS[section].items()}
+        for section, spec in CONFIGS.items():
             if section not in table:
                 table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in spec.items()}
         return table
@@ -329,10 +182,10 @@ class DistributedStrategy:
     def diff(self) -> dict[str, Any]:
         """The fields (and config keys) that differ from the defaults."""
         out: dict[str, Any] = {}
-        for name, (default, *_) in _FLAGS.items():
+        for name, (default, *_) in FLAGS.items():
             if self._values[name] != default:
                 out[name] = self._values[name]
-        for section, spec in _CONFIGS.items():
+        for section, spec in CONFIGS.items():
             changed = {k: v for k, v in self._values[section].items() if v != spec[k][0]}
             if changed:
                 out[section] = changed
@@ -403,7 +256,7 @@ class DistributedStrategy:
     def check_supported(self, world_size: int) -> None:
         """Raise NotImplementedError for a feature this implementation does not run, ValueError for degrees
         that do not fit ``world_size``. Called by ``fleet.init`` and ``fleet.distributed_*``."""
-        for name, what in _UNSUPPORTED.items():
+        for name, what in UNSUPPORTED.items():
             if self._values[name]:
                 raise NotImplementedError(
                     f"strategy.{name} = True ({what}) is not implemented by fleetlite; set strategy.{name} = False. "

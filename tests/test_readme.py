@@ -10,6 +10,7 @@ needs that a test machine lacks (a launcher, the real CIFAR-10 files, a GPU).
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,13 @@ def _context() -> dict:
     }
 
 
+# user-facing notices the blocks give when run one after another in one process (as this test does)
+_EXPECTED_NOTICES = (
+    r"^sharding stage 3 with a single process: nothing to shard across",  # the sharding examples, one process
+    r"checkpoint holds state for callbacks not passed to fit: \['EarlyStopping'\]",  # resume after the fit above
+)
+
+
 def test_every_block_is_run_or_says_why_not():
     blocks = python_blocks(README.read_text())
     assert len(blocks) >= 5
@@ -84,15 +92,21 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch, clean_dist_env):
     namespace = _context()
     ran = 0
     try:
-        for line, code, reason in python_blocks(README.read_text()):
-            if reason is not None:
-                continue
-            try:
-                exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
-            except Exception as e:
-                raise AssertionError(f"the README block at line {line} fails: {type(e).__name__}: {e}") from e
-            ran += 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for line, code, reason in python_blocks(README.read_text()):
+                if reason is not None:
+                    continue
+                try:
+                    exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own code
+                except Exception as e:
+                    raise AssertionError(f"the README block at line {line} fails: {type(e).__name__}: {e}") from e
+                ran += 1
     finally:
         fleet._reset()  # the blocks call fleet.init (a sharding strategy, ...): later tests start clean
+    # the notices a reader running these blocks in one process sees, and nothing else
+    unexpected = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+                  if not any(re.search(e, str(w.message)) for e in _EXPECTED_NOTICES)]
+    assert not unexpected, unexpected
     assert ran >= 5
     assert "val_acc_top1" in namespace["history"].history  # the Trainer example's lookups hold

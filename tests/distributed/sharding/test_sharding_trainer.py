@@ -191,3 +191,38 @@ def test_foreign_model_checkpoint_is_a_clear_error(tmp_path, clean_dist_env):
     with pytest.raises(CheckpointError, match=r"another model: missing \[\], unexpected \['4.bias', '4.weight'\], "
                                               r"different shapes \['2.bias', '2.weight'\]"):
         ckpt.load({"model": other.state_dict()}, ckpt.find_latest(tmp_path))
+
+
+def _data48_fit(ckpt, stop=None, resume=None, strategy=STAGE3):
+    torch.manual_seed(0)
+    net = _net()
+    t = Recording(net, torch.optim.AdamW(net.parameters(), lr=0.02), nn.CrossEntropyLoss(), strategy=strategy,
+                  device="cpu")
+    t.seen = []
+    cbs = [C.ModelCheckpoint(ckpt, save_freq=None, save_steps=1, keep_last=2)] + ([StopAt(stop)] if stop else [])
+    t.fit(IndexedDataset(48), epochs=2, batch_size=4, callbacks=cbs, resume=resume, verbose=0)
+    return t.seen, t.global_step
+
+
+def _four_then_two(rank, world, ckpt, stage):
+    torch.set_num_threads(1)
+    if world == 4:
+        return _data48_fit(ckpt, stop=2)  # 2 steps x 4 ranks x 4 samples of the epoch's 48
+    return _data48_fit(ckpt, resume="latest", strategy={"sharding": True, "sharding_configs": {"stage": stage}})
+
+
+@pytest.mark.timeout(300)
+def test_stage3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage2_seeing_each_sample_once(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    first = run_ranks(_four_then_two, world_size=4, args=(ckpt, 3), timeout=150)
+    before = [i for seen, _ in first for i in seen]
+    assert len(before) == 32 and len(set(before)) == 32 and all(steps == 2 for _, steps in first)
+    import fleetlite.checkpoint as dcp_ckpt
+
+    meta = dcp_ckpt.validate(dcp_ckpt.find_latest(ckpt))
+    assert (meta["world_size"], meta["stage"], meta["global_step"]) == (4, 3, 2)
+    second = run_ranks(_four_then_two, args=(ckpt, 2), timeout=150)
+    rest = [i for seen, _ in second for i in seen[:8]]  # the epoch's remaining 16 samples: 2 steps x 2 ranks x 4
+    assert sorted(before + rest) == list(range(48))
+    assert sorted(i for seen, _ in second for i in seen[8:]) == list(range(48))  # the next epoch, once each
+    assert all(steps == 2 + 2 + 6 for _, steps in second)

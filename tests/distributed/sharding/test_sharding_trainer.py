@@ -11,6 +11,7 @@ from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as C
 
 STAGE3 = {"sharding": True, "sharding_configs": {"stage": 3}}
+STAGE1 = {"sharding": True, "sharding_configs": {"stage": 1}}
 
 
 class Recording(fleetlite.Trainer):
@@ -46,8 +47,8 @@ def _same_world(rank, world, root, strategy, async_save):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("strategy, async_save", [(STAGE3, False), (STAGE3, True), (None, True)],
-                         ids=["stage3", "stage3-async", "dp-async"])
+@pytest.mark.parametrize("strategy, async_save", [(STAGE3, False), (STAGE3, True), (None, True), (STAGE1, True)],
+                         ids=["stage3", "stage3-async", "dp-async", "stage1-async"])
 def test_resume_is_bit_identical_at_the_same_world_and_stage(tmp_path, strategy, async_save):
     for same, steps, latest in run_ranks(_same_world, args=(str(tmp_path), strategy, async_save), timeout=190):
         assert same and steps == 10 and latest == "step-00000010"  # sharded (DCP) checkpoint directories
@@ -166,18 +167,20 @@ def test_exact_evaluation_and_predict_under_stage3_match_one_process(clean_dist_
         assert torch.allclose(preds, ref_preds, atol=1e-6) and len(preds) == 9
 
 
-def _other_stage(rank, world, root):
+def _other_stage(rank, world, root, first, then):
     torch.set_num_threads(1)
-    _, _, straight = _fit(f"{root}/straight")
-    _fit(f"{root}/b", stop=3)  # stage 3
-    stage2 = {"sharding": True, "sharding_configs": {"stage": 2}}
-    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=stage2)
+    _, _, straight = _fit(f"{root}/straight", strategy=first)
+    _fit(f"{root}/b", stop=3, strategy=first, async_save=True)  # a DCP directory at any stage
+    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=then)
     return max((straight[k] - resumed[k]).abs().max().item() for k in straight), steps
 
 
-@pytest.mark.timeout(200)
-def test_stage3_checkpoint_resumes_at_stage2(tmp_path):
-    for diff, steps in run_ranks(_other_stage, args=(str(tmp_path),), timeout=190):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("first, then", [(STAGE3, {"sharding": True, "sharding_configs": {"stage": 2}}),
+                                         (STAGE1, None), (None, STAGE1), (STAGE1, STAGE3)],
+                         ids=["stage3-to-2", "stage1-to-dp", "dp-to-stage1", "stage1-to-3"])
+def test_checkpoint_resumes_at_another_stage(tmp_path, first, then):
+    for diff, steps in run_ranks(_other_stage, args=(str(tmp_path), first, then), timeout=190):
         assert steps == 10 and diff <= 1e-6  # DCP reshards the optimizer state to the other layout
 
 

@@ -5,10 +5,10 @@ configuration runs in a fresh pair of processes (so peak RSS is its own): torch 
 (ZeroRedundancyOptimizer), stage 2 and 3 (FSDP2) and stage 3 with CPU offload. "State bytes" are counted
 from the tensors each rank holds: its parameters (local shards), gradients and optimizer state. Step time is
 the median over the timed steps. In the stage-3 and DDP processes the same state is also checkpointed with
-torch DCP synchronously and asynchronously (fleetlite.checkpoint.save): the training stall is the time the
-call blocks.
+torch DCP synchronously and asynchronously (fleetlite.checkpoint.save), alternating, --saves times each: the
+training stall is the median time the call blocks.
 
-    python benchmarks/sharding_memory.py [--steps 6] [--repeats 1] [--batch 64]
+    python benchmarks/sharding_memory.py [--steps 6] [--repeats 1] [--batch 64] [--saves 3] [--configs ddp,stage3]
 
 Prints a table of ratios to DDP and writes benchmarks/results/sharding_memory.json.
 """
@@ -51,7 +51,7 @@ def _opt_tensors(opt):
     return [v for s in inner.state.values() for v in s.values() if torch.is_tensor(v)]
 
 
-def _rank(rank, world, config, steps, ckpt_root, batch):
+def _rank(rank, world, config, steps, ckpt_root, batch, saves):
     import torch.nn.functional as F
 
     import fleetlite.checkpoint as ckpt
@@ -91,18 +91,19 @@ def _rank(rank, world, config, steps, ckpt_root, batch):
 
         module = model.module
         inner = getattr(opt, "inner_opt", opt)
-        stalls = {}
-        for mode in ("sync", "async"):
-            msd, osd = get_state_dict(module, inner)
-            t0 = time.perf_counter()
-            pending = ckpt.save({"model": msd, "optim": osd}, os.path.join(ckpt_root, f"{config}-{mode}"),
-                                async_save=mode == "async")
-            stalls[mode] = time.perf_counter() - t0
-            F.mse_loss(model(x), y).backward()  # training goes on while an async save writes
-            opt.step()
-            opt.zero_grad()
-            pending.wait()
-        out["save_stall_s"] = stalls
+        stalls = {"sync": [], "async": []}
+        for i in range(saves):  # alternating, so machine load hits both modes alike
+            for mode in ("sync", "async"):
+                msd, osd = get_state_dict(module, inner)
+                t0 = time.perf_counter()
+                pending = ckpt.save({"model": msd, "optim": osd}, os.path.join(ckpt_root, f"{config}-{mode}-{i}"),
+                                    async_save=mode == "async")
+                stalls[mode].append(time.perf_counter() - t0)
+                F.mse_loss(model(x), y).backward()  # training goes on while an async save writes
+                opt.step()
+                opt.zero_grad()
+                pending.wait()
+        out["save_stall_s"] = {m: statistics.median(v) for m, v in stalls.items()}
     return out
 
 
@@ -111,13 +112,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64, help="samples per rank and step")
+    ap.add_argument("--saves", type=int, default=3, help="checkpoints per mode (sync/async); the median stall")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated subset of " + ",".join(CONFIGS) + " (ddp is always run: the ratios need it)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "sharding_memory.json"))
     args = ap.parse_args()
-    runs: dict[str, list] = {c: [] for c in CONFIGS}
+    wanted = set(args.configs.split(",")) | {"ddp"}
+    unknown = wanted - set(CONFIGS)
+    if unknown:
+        ap.error(f"unknown config(s) {sorted(unknown)}; choose from {CONFIGS}")
+    runs: dict[str, list] = {c: [] for c in CONFIGS if c in wanted}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(args.repeats):
-            for config in CONFIGS:  # interleaved, so machine load hits every configuration alike
-                runs[config].append(run_ranks(_rank, args=(config, args.steps, root, args.batch), timeout=900))
+            for config in runs:  # interleaved, so machine load hits every configuration alike
+                rank_args = (config, args.steps, root, args.batch, args.saves)
+                runs[config].append(run_ranks(_rank, args=rank_args, timeout=900))
     rows = {}
     for config, reps in runs.items():
         ranks = [r for rep in reps for r in rep]
@@ -139,7 +148,7 @@ def main() -> None:
         r["step_ratio"] = r["step_s"] / ddp["step_s"]
         print(f"{config:16} {r['state_bytes_per_rank'] / 2**20:13.1f} {r['state_ratio']:6.2f} "
               f"{r['peak_rss_mb']:11.0f} {r['rss_ratio']:6.2f} {r['step_s']:7.3f} {r['step_ratio']:6.2f}")
-    for config in ("ddp", "stage3"):
+    for config in (c for c in ("ddp", "stage3") if c in rows):
         s = rows[config]["save_stall_s"]
         s["async_over_sync"] = s["async"] / s["sync"]
         print(f"checkpoint stall ({config}): sync {s['sync']:.3f} s, async {s['async']:.3f} s "
@@ -147,9 +156,10 @@ def main() -> None:
     params = WIDTH * WIDTH * DEPTH + WIDTH * DEPTH
     model = f"{DEPTH} x Linear({WIDTH}, {WIDTH}), {params / 1e6:.1f}M parameters, AdamW"
     out = {"model": model, "batch_per_rank": args.batch,
-           "world_size": 2, "backend": "gloo (CPU, 1 thread per rank)", "steps": args.steps,
+           "world_size": 2, "backend": "gloo (CPU, 1 thread per rank)", "steps": args.steps, "saves": args.saves,
            "repeats": args.repeats, "torch": torch.__version__, "machine": platform.platform(),
-           "cpu_count": os.cpu_count(), "results": rows}
+           "cpu_count": os.cpu_count(), "load_average_1_5_15min": [round(v, 2) for v in os.getloadavg()],
+           "results": rows}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     atomic_write_text(args.out, json.dumps(out, indent=2))
     print(f"wrote {args.out}")

@@ -45,8 +45,8 @@ from .distributed.agreement import from_rank0, side_group
 from .trainer.checkpoint import CheckpointError, find_latest_checkpoint
 from .utils.atomic import atomic_write_text, fsync_dir
 
-__all__ = ["MARKER", "LATEST", "PendingSave", "save", "load", "load_full", "validate", "find_latest", "find_newest",
-           "list_checkpoints", "remove_stale", "is_checkpoint_dir"]
+__all__ = ["MARKER", "LATEST", "PendingSave", "save", "own_share", "load", "load_full", "validate", "find_latest",
+           "find_newest", "list_checkpoints", "remove_stale", "is_checkpoint_dir"]
 
 MARKER = "fleetlite.json"
 LATEST = "latest"
@@ -154,13 +154,69 @@ def save(state: dict[str, Any], path: str | os.PathLike, *, rank0_files: dict[st
                  "torch": str(torch.__version__), **(meta or {})}
     group = _ckpt_group()
     if async_save:
-        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group)
+        # Note [stage only this rank's share]
+        future = dcp.async_save(own_share(state, group), checkpoint_id=str(tmp), process_group=group)
         future = getattr(future, "upload_completion", future)
         return PendingSave(future, tmp, final, full_meta, latest)
     dcp.save(state, checkpoint_id=str(tmp), process_group=group)
     pending = PendingSave(None, tmp, final, full_meta, latest)
     pending.wait()
     return pending
+
+
+def _plain_tensors(state: Any, path: tuple = ()):
+    """``(path, tensor)`` for every plain (not DTensor) tensor reachable through dicts (not lists: DCP keys
+    list entries by index, so dropping one would renumber the rest)."""
+    if isinstance(state, dict):
+        for k, v in state.items():
+            yield from _plain_tensors(v, (*path, k))
+    elif type(state) in (torch.Tensor, torch.nn.Parameter):
+        yield path, state
+
+
+def _without(state: dict, drop: set, path: tuple = ()) -> dict:
+    """A copy of the dict tree ``state`` without the leaves at the paths in ``drop`` (tensors are not copied)."""
+    out = {}
+    for k, v in state.items():
+        p = (*path, k)
+        if p in drop:
+            continue
+        out[k] = _without(v, drop, p) if isinstance(v, dict) else v
+    return out
+
+
+def own_share(state: dict[str, Any], group: Any = None) -> dict[str, Any]:
+    """``state`` without the replicated plain tensors another rank writes (collective; see the note below).
+
+    # Note [stage only this rank's share]
+    DCP treats a plain tensor that several ranks hold under the same key as one replicated tensor and
+    writes it once (its planner drops the duplicates after planning). An async save stages (copies) its
+    state before returning, so with a replicated model (DDP, stage 1's parameters) every rank would copy
+    the whole model and optimizer only for most of it to be dropped. Deciding up front which rank writes
+    each such tensor (the biggest first, to the holder with the fewest bytes so far; same key, shape and
+    dtype on every holder, else it is left to DCP) makes each rank stage only what it writes: the
+    checkpoint is the same, the stall shrinks with the world size. DTensor shards stay untouched.
+    """
+    if not _dist() or tdist.get_world_size(group) < 2:
+        return state
+    mine = {p: (tuple(t.shape), str(t.dtype), t.numel() * t.element_size()) for p, t in _plain_tensors(state)}
+    every = [None] * tdist.get_world_size(group)
+    tdist.all_gather_object(every, mine, group=group)
+    holders: dict[tuple, list[int]] = {}
+    for r, tensors in enumerate(every):
+        for p in tensors:
+            holders.setdefault(p, []).append(r)
+    load = [0] * len(every)
+    drop = set()
+    for p in sorted(holders, key=lambda p: (-every[holders[p][0]][p][2], repr(p))):
+        ranks = holders[p]
+        if len(ranks) < 2 or len({every[r][p] for r in ranks}) > 1:
+            continue  # held by one rank, or not the same tensor everywhere: DCP's own handling
+        owner = min(ranks, key=lambda r: (load[r], r))
+        load[owner] += every[owner][p][2]
+        if owner != tdist.get_rank(group) and p in mine:
+            drop.add(p)
+    return _without(state, drop) if drop else state
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:

@@ -167,7 +167,8 @@ def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPla
         for batch in it:
             n = batch_length(batch)
             valid = train.num_valid(st.pass_index, batch)
-            st.at_step_boundary = merge.begin(last=pass_len is not None and st.pass_index == pass_len - 1)
+            st.at_step_boundary = merge.begin(last=pass_len is not None and st.pass_index == pass_len - 1,
+                                              open_ended=pass_len is None)
             st.batch_valid = n if valid is None else valid
             callbacks.on_train_batch_begin(st.batch_in_epoch)
             out = t.train_step(t.to_device(batch))

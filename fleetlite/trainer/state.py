@@ -47,7 +47,8 @@ from .dcp_state import keeps_optimizer, load_dcp_weights, read_dcp_state, write_
 from .fit_state import ResumePoint
 
 __all__ = ["build_state", "save_dcp", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "rank_entry", "load_weights", "check_optimizer", "warn_if_overwriting", "optimizer_name", "REQUIRED"]
+           "rank_entry", "load_weights", "full_weights", "load_model_state", "check_optimizer", "warn_if_overwriting",
+           "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -87,6 +88,15 @@ def model_state(trainer, rank0_only: bool = True) -> dict[str, Any]:
     if hasattr(net, "full_state_dict"):
         return net.full_state_dict(rank0_only=rank0_only)
     return trainer.network.state_dict()
+
+
+def full_weights(trainer) -> dict[str, torch.Tensor]:
+    """A copy of the model's full unprefixed state on every rank (collective for a sharded model)."""
+    weights = model_state(trainer, rank0_only=False)
+    live = {(t.to_local() if hasattr(t, "to_local") else t).data_ptr()
+            for t in trainer.network.state_dict().values() if torch.is_tensor(t)}
+    # gathered shards are new tensors already; what still aliases the model (plain tensors, buffers) is copied
+    return {k: v.detach().clone() if v.data_ptr() in live else v for k, v in weights.items()}
 
 
 def load_model_state(trainer, weights: dict[str, Any], strict: bool = True) -> None:

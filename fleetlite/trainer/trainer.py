@@ -363,11 +363,12 @@ class Trainer:
 
     # -- weights, save/load, summary ----------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the model's state_dict."""
-        return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
+        """A copy of the model's full state_dict (collective under sharding stage 2/3: gathered on every rank)."""
+        return state.full_weights(self)
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self.network.load_state_dict(strip_compile_prefix(weights))
+        """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards)."""
+        state.load_model_state(self, strip_compile_prefix(weights))
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.

@@ -19,6 +19,17 @@ open. With ``avg`` the merged gradient is the mean over the window:
   (:meth:`~GradientMerge.scale_loss`), bit-equal to a hand loop that does so;
   the step then divides nothing. Data that ends inside a window (a loader
   without ``len()``) is closed by :meth:`~GradientMerge.flush`.
+
+# Note [open-ended window under sharding]
+``flush`` all-reduces what the unsynchronised backwards accumulated. A sharded
+model (stage 2/3, FSDP2) cannot do that: its unsynchronised gradients are
+unsharded buffers inside FSDP that only a backward reduce-scatters. So when
+the loop says the data may end inside the window (``begin(open_ended=True)``,
+a loader without ``len()``) and such a model is attached
+(``reduces_in_backward_only``), every micro-batch's backward reduce-scatters
+and the sharded gradients accumulate the window's sum; the flush then has
+nothing left to reduce. Same sum as one reduce-scatter of the summed
+gradients (up to float rounding), k reduce-scatters per step instead of one.
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ class GradientMerge:
         self.closing = self.k == 1  # the running (or next) micro-batch closes the window
         self.is_driven = False
         self._running = False  # a driven micro-batch has begun and not ended
+        self._reduced_each = False  # every micro-batch's backward reduces (Note [open-ended window under sharding])
         self._models: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
     # -- models whose gradient synchronisation follows the window ------------------------------------------------
@@ -69,12 +81,16 @@ class GradientMerge:
             model.require_backward_grad_sync = flag
 
     # -- one micro-batch ----------------------------------------------------------------------------------------
-    def begin(self, last: bool = False) -> bool:
+    def begin(self, last: bool = False, open_ended: bool = False) -> bool:
         """Start a micro-batch; True when it closes the window (``last`` closes it early): its backward then
-        all-reduces and the optimizer steps."""
+        all-reduces and the optimizer steps. ``open_ended``: the data may end inside this window (a loader
+        without ``len()``; Note [open-ended window under sharding])."""
         self.closing = last or self.micro + 1 >= self.k
         self._running = self.is_driven
-        self._sync(self.closing)
+        if self.micro == 0:  # decided once per window
+            self._reduced_each = open_ended and self.k > 1 and any(
+                getattr(m, "reduces_in_backward_only", False) for m in list(self._models))
+        self._sync(self.closing or self._reduced_each)
         return self.closing
 
     def end(self) -> bool:
@@ -112,13 +128,15 @@ class GradientMerge:
 
     def flush(self, params: Iterable[torch.Tensor]) -> None:
         """Close a window left open when the data ended inside it: all-reduce the gradients accumulated without
-        synchronisation (``fused_allreduce_gradients``); the next ``optimizer.step()`` steps."""
-        fused_allreduce_gradients(list(params), None)
+        synchronisation (``fused_allreduce_gradients``; nothing when every backward of the window reduced, Note
+        [open-ended window under sharding]); the next ``optimizer.step()`` steps."""
+        if not self._reduced_each:
+            fused_allreduce_gradients(list(params), None)
         self.closing, self._running = True, self.is_driven
 
     def reset(self) -> None:
         """Drop the window's position (a loaded optimizer state, the start or end of a driven run)."""
-        self.micro, self._running = 0, False
+        self.micro, self._running, self._reduced_each = 0, False, False
         self.closing = self.k == 1
         self._sync(self.closing)
 

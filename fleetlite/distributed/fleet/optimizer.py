@@ -43,6 +43,35 @@ _AMP_KEY = "fleet_amp"
 _ON_RANK0 = "fleet_state_on_rank0"
 
 
+def _to_cpu(value: Any) -> Any:
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _consolidate(zero: Any) -> None:
+    """``ZeroRedundancyOptimizer.consolidate_state_dict(to=0)`` in one ``gather_object`` of the ranks' local states.
+
+    torch's own broadcasts each rank's pickled state and builds the byte tensor from a Python ``bytearray``
+    element by element: ~9 s for 100 MB of AdamW state on a CPU. Its internals used here (``_all_state_dicts``,
+    ``_sync_param_groups``) are checked; without them (another torch) torch's own consolidation runs.
+    """
+    if not (isinstance(getattr(zero, "_all_state_dicts", None), list) and hasattr(zero, "_sync_param_groups")):
+        zero.consolidate_state_dict(to=0)
+        return
+    zero._sync_param_groups(zero.param_groups, zero.optim.param_groups)
+    group = zero.process_group
+    rank = tdist.get_rank(group)
+    gathered = [None] * tdist.get_world_size(group) if rank == 0 else None
+    tdist.gather_object(_to_cpu(zero.optim.state_dict()), gathered, dst=tdist.get_global_rank(group, 0),
+                        group=group)
+    zero._all_state_dicts = gathered if rank == 0 else []
+
+
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
     return any(s.get("step") is not None and float(torch.as_tensor(s["step"])) > 0
                for s in optimizer.state.values())
@@ -240,7 +269,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if state is None:
                 state = {_ON_RANK0: True, "param_groups": []}
         elif hasattr(inner, "consolidate_state_dict"):
-            inner.consolidate_state_dict(to=0)
+            _consolidate(inner)
             if tdist.get_rank(inner.process_group) == 0:
                 state = inner.state_dict()
             else:

@@ -112,6 +112,10 @@ class ShardedDataParallel(nn.Module):
         full = model.state_dict()                                # collective: the full state on every rank
     """
 
+    #: gradients left unsynchronised (a gradient-merge window) can only be reduced by a later backward, not
+    #: all-reduced afterwards (fleetlite.distributed.fleet.gradient_merge, Note [open-ended window under sharding])
+    reduces_in_backward_only = True
+
     def __init__(self, layers: nn.Module, stage: int = 3, sharding_degree: int | None = None, offload: bool = False,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                  wrap: Sequence[str] | None = None) -> None:

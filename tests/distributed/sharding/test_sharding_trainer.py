@@ -11,6 +11,7 @@ from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as C
 
 STAGE3 = {"sharding": True, "sharding_configs": {"stage": 3}}
+STAGE1 = {"sharding": True, "sharding_configs": {"stage": 1}}
 
 
 class Recording(fleetlite.Trainer):
@@ -46,8 +47,8 @@ def _same_world(rank, world, root, strategy, async_save):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("strategy, async_save", [(STAGE3, False), (STAGE3, True), (None, True)],
-                         ids=["stage3", "stage3-async", "dp-async"])
+@pytest.mark.parametrize("strategy, async_save", [(STAGE3, False), (STAGE3, True), (None, True), (STAGE1, True)],
+                         ids=["stage3", "stage3-async", "dp-async", "stage1-async"])
 def test_resume_is_bit_identical_at_the_same_world_and_stage(tmp_path, strategy, async_save):
     for same, steps, latest in run_ranks(_same_world, args=(str(tmp_path), strategy, async_save), timeout=190):
         assert same and steps == 10 and latest == "step-00000010"  # sharded (DCP) checkpoint directories
@@ -166,18 +167,20 @@ def test_exact_evaluation_and_predict_under_stage3_match_one_process(clean_dist_
         assert torch.allclose(preds, ref_preds, atol=1e-6) and len(preds) == 9
 
 
-def _other_stage(rank, world, root):
+def _other_stage(rank, world, root, first, then):
     torch.set_num_threads(1)
-    _, _, straight = _fit(f"{root}/straight")
-    _fit(f"{root}/b", stop=3)  # stage 3
-    stage2 = {"sharding": True, "sharding_configs": {"stage": 2}}
-    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=stage2)
+    _, _, straight = _fit(f"{root}/straight", strategy=first)
+    _fit(f"{root}/b", stop=3, strategy=first, async_save=True)  # a DCP directory at any stage
+    _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=then)
     return max((straight[k] - resumed[k]).abs().max().item() for k in straight), steps
 
 
-@pytest.mark.timeout(200)
-def test_stage3_checkpoint_resumes_at_stage2(tmp_path):
-    for diff, steps in run_ranks(_other_stage, args=(str(tmp_path),), timeout=190):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("first, then", [(STAGE3, {"sharding": True, "sharding_configs": {"stage": 2}}),
+                                         (STAGE1, None), (None, STAGE1), (STAGE1, STAGE3)],
+                         ids=["stage3-to-2", "stage1-to-dp", "dp-to-stage1", "stage1-to-3"])
+def test_checkpoint_resumes_at_another_stage(tmp_path, first, then):
+    for diff, steps in run_ranks(_other_stage, args=(str(tmp_path), first, then), timeout=190):
         assert steps == 10 and diff <= 1e-6  # DCP reshards the optimizer state to the other layout
 
 
@@ -191,3 +194,38 @@ def test_foreign_model_checkpoint_is_a_clear_error(tmp_path, clean_dist_env):
     with pytest.raises(CheckpointError, match=r"another model: missing \[\], unexpected \['4.bias', '4.weight'\], "
                                               r"different shapes \['2.bias', '2.weight'\]"):
         ckpt.load({"model": other.state_dict()}, ckpt.find_latest(tmp_path))
+
+
+def _data48_fit(ckpt, stop=None, resume=None, strategy=STAGE3):
+    torch.manual_seed(0)
+    net = _net()
+    t = Recording(net, torch.optim.AdamW(net.parameters(), lr=0.02), nn.CrossEntropyLoss(), strategy=strategy,
+                  device="cpu")
+    t.seen = []
+    cbs = [C.ModelCheckpoint(ckpt, save_freq=None, save_steps=1, keep_last=2)] + ([StopAt(stop)] if stop else [])
+    t.fit(IndexedDataset(48), epochs=2, batch_size=4, callbacks=cbs, resume=resume, verbose=0)
+    return t.seen, t.global_step
+
+
+def _four_then_two(rank, world, ckpt, stage):
+    torch.set_num_threads(1)
+    if world == 4:
+        return _data48_fit(ckpt, stop=2)  # 2 steps x 4 ranks x 4 samples of the epoch's 48
+    return _data48_fit(ckpt, resume="latest", strategy={"sharding": True, "sharding_configs": {"stage": stage}})
+
+
+@pytest.mark.timeout(300)
+def test_stage3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage2_seeing_each_sample_once(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    first = run_ranks(_four_then_two, world_size=4, args=(ckpt, 3), timeout=150)
+    before = [i for seen, _ in first for i in seen]
+    assert len(before) == 32 and len(set(before)) == 32 and all(steps == 2 for _, steps in first)
+    import fleetlite.checkpoint as dcp_ckpt
+
+    meta = dcp_ckpt.validate(dcp_ckpt.find_latest(ckpt))
+    assert (meta["world_size"], meta["stage"], meta["global_step"]) == (4, 3, 2)
+    second = run_ranks(_four_then_two, args=(ckpt, 2), timeout=150)
+    rest = [i for seen, _ in second for i in seen[:8]]  # the epoch's remaining 16 samples: 2 steps x 2 ranks x 4
+    assert sorted(before + rest) == list(range(48))
+    assert sorted(i for seen, _ in second for i in seen[8:]) == list(range(48))  # the next epoch, once each
+    assert all(steps == 2 + 2 + 6 for _, steps in second)

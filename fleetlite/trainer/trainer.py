@@ -6,9 +6,8 @@ properties), what ``fit`` resolves before its loop in
 :mod:`~fleetlite.trainer.fit_setup`, data adaptation in
 :mod:`~fleetlite.trainer.data_adapter`, environment and wrapping in
 :mod:`~fleetlite.trainer.connector`, the checkpointed state in
-:mod:`~fleetlite.trainer.state`. This class holds the model, the steps
-(override ``train_step``/``eval_step``/``predict_step`` as in Keras) and the
-public API.
+:mod:`~fleetlite.trainer.state`. This class holds the model, the steps (override
+``train_step``/``eval_step``/``predict_step`` as in Keras) and the public API.
 """
 
 from __future__ import annotations

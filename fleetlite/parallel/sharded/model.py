@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..data_parallel import _strip_prefix
+from .gloo_comms import use_gloo_comms
 
 __all__ = ["ShardedDataParallel", "UNIT_SHARE", "is_sharded_model"]
 
@@ -152,6 +153,8 @@ class ShardedDataParallel(nn.Module):
         for unit in units:
             fully_shard(unit, **kwargs)
         fully_shard(layers, **kwargs)
+        # gloo (CPU): all-gather / reduce-scatter as all-reduces, ~2x faster there (Note [gloo sharded collectives])
+        self.gloo_comms = use_gloo_comms([*units, layers], self.mesh.get_group(self.mesh.ndim - 1))
         self._layers = layers
         new = dict(layers.named_parameters())
         # id -> (weak reference to the original, its shard); the weak reference guards against a reused id

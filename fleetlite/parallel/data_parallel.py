@@ -25,6 +25,17 @@ _PREFIXES = ("module.", "_layers.")
 _BROADCAST_CHUNK = 16 * 1024 * 1024
 
 
+@contextmanager
+def sync_off(model) -> Iterator[None]:
+    """``model.require_backward_grad_sync`` off for the block, restored after: what every ``no_sync()`` does."""
+    old = model.require_backward_grad_sync
+    model.require_backward_grad_sync = False
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync = old
+
+
 def _strip_prefix(state_dict: Mapping[str, object]) -> Mapping[str, object]:
     """Drop a ``module.`` (torch DDP) or ``_layers.`` prefix carried by every key."""
     keys = list(state_dict)
@@ -334,12 +345,8 @@ class DataParallel(nn.Module, Joinable):
                 model(x1).sum().backward()   # local only
             model(x2).sum().backward()       # averages x1 + x2 gradients across ranks
         """
-        old = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
+        with sync_off(self):
             yield
-        finally:
-            self.require_backward_grad_sync = old
 
     # ---------------------------------------------------------------- state
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):

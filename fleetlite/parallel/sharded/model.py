@@ -32,7 +32,7 @@ import torch.distributed as tdist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from ..data_parallel import _strip_prefix
+from ..data_parallel import _strip_prefix, sync_off
 from .gloo_comms import use_gloo_comms
 
 __all__ = ["ShardedDataParallel", "UNIT_SHARE", "is_sharded_model"]
@@ -194,12 +194,8 @@ class ShardedDataParallel(nn.Module):
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally (unsharded); the next synced backward reduces the accumulated sum."""
-        old = self.require_backward_grad_sync
-        self.require_backward_grad_sync = False
-        try:
+        with sync_off(self):
             yield
-        finally:
-            self.require_backward_grad_sync = old
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients by their global norm over every rank's shards; returns the total norm (a tensor)."""

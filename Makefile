@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-gpu lint bench clean
+.PHONY: run test docs test-gpu lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q
+
+# The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link, anchor, nav entry or API reference fails.
+# PYTHONPATH: the API pages import this checkout's fleetlite. NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.
+docs: $(STAMP)
+	PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The GPU suite (tests/gpu/, marker `gpu`): skipped without CUDA, one command on a GPU machine.
 test-gpu: $(STAMP)
@@ -31,4 +37,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/trainer_overhead.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs .pytest_cache site

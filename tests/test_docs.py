@@ -1,0 +1,145 @@
+"""Every python block of the docs site runs (issue 13 item 14, issue 22): the docs cannot drift from the code.
+
+Each page (``docs/**/*.md``; the README in ``tests/test_readme.py``) is one test: its blocks run in page
+order in one namespace (later blocks use names earlier ones made, as a reader would), in a temporary
+directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. Names the prose leaves to
+the reader (``net``, ``x``, ``train_set``...) are defined by ``_context``. A block preceded by
+``<!-- readme-test: skip (reason) -->`` is not run: the reason must say what it needs that a test machine
+lacks (a launcher, the real CIFAR-10 files, a GPU). Shell blocks are not run here; what they start
+(``fleetlite launch``, the recipes) has its own tests.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+_SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((.+?)\)\s*-->")
+
+
+def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
+    """(line, code, skip reason or None) of every ```python block."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start, body = i + 1, []
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            before = lines[start - 2] if start >= 2 else ""
+            m = _SKIP.search(before)
+            blocks.append((start, "\n".join(body), m.group(1) if m else None))
+        i += 1
+    return blocks
+
+
+def doc_pages() -> list[Path]:
+    """Every page of the site, in a stable order."""
+    return sorted(DOCS.rglob("*.md"))
+
+
+class _Feed(nn.Module):
+    """A ParallelExecutor module: ``module(**feed)`` returns named tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, x, y):
+        return {"loss": nn.functional.cross_entropy(self.fc(x.flatten(1)), y)}
+
+
+def _context() -> dict:
+    from torchvision.transforms import ToTensor
+
+    from fleetlite.vision.datasets import SyntheticCifar10
+    from fleetlite.vision.models import TutorialCNN
+
+    torch.manual_seed(0)
+    module = _Feed()
+    return {
+        "net": TutorialCNN(num_classes=10),
+        "x": torch.randn(4, 3, 32, 32), "x2": torch.randn(4, 3, 32, 32), "y": torch.randint(0, 10, (4,)),
+        "train_set": SyntheticCifar10(mode="train", transform=ToTensor(), size=64),
+        "test_set": SyntheticCifar10(mode="test", transform=ToTensor(), size=32),
+        "strategy": None, "module": module, "optimizer": torch.optim.SGD(module.parameters(), lr=0.1),
+    }
+
+
+# user-facing notices a reader running a page's blocks in one process sees (as these tests do), per page
+_EXPECTED_NOTICES = {
+    "README.md": (
+        r"checkpoint holds state for callbacks not passed to fit: \['EarlyStopping'\]",  # resume after the fit
+    ),
+    "strategies.md": (
+        r"^sharding stage 3 with a single process: nothing to shard across",  # the sharding examples, one process
+    ),
+}
+
+
+def run_page(path: Path, tmp_path: Path, monkeypatch) -> tuple[dict, int]:
+    """Run the page's python blocks in order in one namespace; returns (namespace, blocks run).
+
+    Fails when a block raises or when a warning other than the page's expected notices is given.
+    """
+    from fleetlite.distributed.fleet import fleet
+    from fleetlite.vision.datasets import synthetic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(synthetic, "_DEFAULT_SIZE", {"train": 64, "test": 32})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    expected = _EXPECTED_NOTICES.get(path.name, ())
+    namespace = _context()
+    ran = 0
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for line, code, reason in python_blocks(path.read_text()):
+                if reason is not None:
+                    continue
+                where = f"{path.relative_to(ROOT)}:{line}"
+                try:
+                    exec(compile(code, where, "exec"), namespace)  # noqa: S102 - the docs' own code
+                except Exception as e:
+                    raise AssertionError(f"the block at {where} fails: {type(e).__name__}: {e}") from e
+                ran += 1
+    finally:
+        fleet._reset()  # the blocks call fleet.init (a sharding strategy, ...): later tests start clean
+    unexpected = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+                  if not any(re.search(e, str(w.message)) for e in expected)]
+    assert not unexpected, unexpected
+    return namespace, ran
+
+
+def test_every_block_is_run_or_says_why_not():
+    blocks = [(page, b) for page in [README, *doc_pages()] for b in python_blocks(page.read_text())]
+    assert len(blocks) >= 5
+    for page, (line, _, reason) in blocks:
+        assert reason is None or len(reason) > 10, f"{page.name} line {line}: say why the block cannot run"
+    assert sum(reason is None for _, (_, _, reason) in blocks) >= 5
+
+
+def test_every_page_is_in_the_site():
+    """A page mkdocs.yml's nav leaves out would be built but unreachable (mkdocs --strict also checks this)."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    missing = [str(p.relative_to(DOCS)) for p in doc_pages() if str(p.relative_to(DOCS)) not in nav]
+    assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
+
+
+_PAGES_WITH_CODE = [p for p in doc_pages() if any(r is None for _, _, r in python_blocks(p.read_text()))]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("page", _PAGES_WITH_CODE, ids=[str(p.relative_to(DOCS)) for p in _PAGES_WITH_CODE])
+def test_page_python_blocks_run(page, tmp_path, monkeypatch, clean_dist_env):
+    _, ran = run_page(page, tmp_path, monkeypatch)
+    assert ran == sum(r is None for _, _, r in python_blocks(page.read_text()))

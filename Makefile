@@ -23,9 +23,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 # The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link, anchor, nav entry or API reference fails.
-# PYTHONPATH: the API pages import this checkout's fleetlite. NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.
+# The API pages read this checkout's sources (no import). NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.
 docs: $(STAMP)
-	PYTHONPATH=$(CURDIR) NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The GPU suite (tests/gpu/, marker `gpu`): skipped without CUDA, one command on a GPU machine.
 test-gpu: $(STAMP)

@@ -29,122 +29,17 @@ read and write Paddle's protobuf text format.
 from __future__ import annotations
 
 import copy
-import difflib
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import field as dc_field
-from dataclasses import make_dataclass
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["DistributedStrategy"]
 
+from . import strategy_configs as _cfg
 from .strategy_fields import CONFIGS, FLAGS, REFUSED, StrategyTypeError, UnknownFieldError
 
 # Paddle's attributes that live inside hybrid_configs here: name -> key path
 _ALIASES = {"hybrid_parallel_order": ("hybrid_configs", "order"),
             "sync_param_name": ("hybrid_configs", "mp_configs", "sync_param_name")}
-
-
-def _suggest(name: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"{hint} Valid names: {', '.join(valid)}."
-
-
-def _defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _defaults(e) if isinstance(e, dict) else copy.deepcopy(e[0]) for k, e in spec.items()}
-
-
-def _spec(path: Sequence[str]) -> dict[str, Any]:
-    spec = CONFIGS[path[0]]
-    for key in path[1:]:
-        spec = spec[key]
-    return spec
-
-
-def _diff(values: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, entry in spec.items():
-        if isinstance(entry, dict):
-            sub = _diff(values[key], entry)
-            if sub:
-                out[key] = sub
-        elif values[key] != entry[0]:
-            out[key] = values[key]
-    return out
-
-
-def _schema_type(check: Any) -> Any:
-    """``check.value_type``, except that a choice of strings other than the AMP dtypes is reported as ``str``: the
-    recipe's generator builds a fresh Enum per call for such a choice (its annotation and its default then differ);
-    ``from_dict`` still checks the value. Drop this once the generator builds each Enum once."""
-    value_type = check.value_type
-    if isinstance(value_type, tuple) and all(isinstance(v, str) for v in value_type) \
-            and set(value_type) != {"float16", "bfloat16"}:
-        return str
-    return value_type
-
-
-def _nested_schema(name: str, spec: Mapping[str, Any]) -> tuple[type, Any]:
-    """A nested section as a ``(dataclass, instance)`` pair for the recipe's schema generator, which reads one
-    level of ``(type, default)`` pairs per section. The instance's class is hashable so it may be a default."""
-    fields = []
-    for key, (default, check) in spec.items():
-        value_type = check.value_type
-        if isinstance(value_type, tuple):
-            value_type = type(value_type[0])
-        fields.append((key, value_type, dc_field(default_factory=lambda d=default: copy.deepcopy(d))))
-    cls = make_dataclass("".join(p.capitalize() for p in name.split("_")), fields, unsafe_hash=True)
-    return cls, cls()
-
-
-class _ConfigView(MutableMapping):
-    """A live view of one ``*_configs`` section (or a nested one, e.g. ``hybrid_configs['mp_configs']``): item
-    assignment is validated and written through; keys can also be read as attributes, as on Paddle's messages."""
-
-    def __init__(self, owner: DistributedStrategy, path: tuple[str, ...]):
-        object.__setattr__(self, "_owner", owner)
-        object.__setattr__(self, "_path", path)
-
-    @property
-    def _name(self) -> str:
-        return self._path[0] + "".join(f"[{k!r}]" for k in self._path[1:])
-
-    @property
-    def _data(self) -> dict[str, Any]:
-        data = self._owner._values[self._path[0]]
-        for key in self._path[1:]:
-            data = data[key]
-        return data
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._data:
-            raise KeyError(f"{self._name} has no key {key!r}.{_suggest(str(key), list(self._data))}")
-        if isinstance(self._data[key], dict):
-            return _ConfigView(self._owner, (*self._path, key))
-        return self._data[key]
-
-    def __getattr__(self, key: str) -> Any:
-        if key.startswith("_"):
-            raise AttributeError(key)
-        try:
-            return self[key]
-        except KeyError as e:
-            raise AttributeError(e.args[0]) from None
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._owner._set_config(self._path, {key: value})
-
-    def __delitem__(self, key: str) -> None:
-        raise TypeError(f"{self._name} keys cannot be deleted; assign the default to reset {key!r}")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return repr(self._data)
 
 
 class DistributedStrategy:
@@ -168,7 +63,7 @@ class DistributedStrategy:
         for name, (default, *_) in FLAGS.items():
             self._values[name] = copy.deepcopy(default)
         for section, spec in CONFIGS.items():
-            self._values[section] = _defaults(spec)
+            self._values[section] = _cfg.defaults(spec)
         for name, value in fields.items():
             setattr(self, name, value)
 
@@ -178,14 +73,14 @@ class DistributedStrategy:
             raise AttributeError(name)
         values = self.__dict__.get("_values", {})
         if name in CONFIGS:
-            return _ConfigView(self, (name,))
+            return _cfg.ConfigView(self, (name,))
         if name in values:
             return values[name]
         if name in _ALIASES:
             *path, key = _ALIASES[name]
-            return _ConfigView(self, tuple(path))[key]
+            return _cfg.ConfigView(self, tuple(path))[key]
         raise UnknownFieldError(f"{name!r} is not an attribute of DistributedStrategy."
-                                f"{_suggest(name, self.field_names())}")
+                                f"{_cfg.suggest(name, self.field_names())}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in FLAGS:
@@ -197,7 +92,7 @@ class DistributedStrategy:
             self._set_config(tuple(path), {key: value})
         else:
             raise UnknownFieldError(f"{name!r} is not an attribute of DistributedStrategy."
-                                    f"{_suggest(name, self.field_names())}")
+                                    f"{_cfg.suggest(name, self.field_names())}")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"DistributedStrategy fields cannot be deleted; assign the default to reset {name!r}")
@@ -208,8 +103,8 @@ class DistributedStrategy:
     def _set_config(self, path: tuple[str, ...], updates: Any) -> None:
         """Merge ``updates`` into the section at ``path`` (nested sections merge too), all or nothing."""
         name = path[0] + "".join(f"[{k!r}]" for k in path[1:])
-        merged = copy.deepcopy(_ConfigView(self, path)._data)
-        self._merge(name, _spec(path), merged, updates)  # validate everything before changing anything
+        merged = copy.deepcopy(_cfg.ConfigView(self, path)._data)
+        self._merge(name, _cfg.spec_at(path), merged, updates)  # validate everything before changing anything
         section = self._values[path[0]]
         for key in path[1:-1]:
             section = section[key]
@@ -225,7 +120,7 @@ class DistributedStrategy:
             raise StrategyTypeError(f"{name} must be a dict of settings (e.g. {example}), got {updates!r}")
         for key, value in updates.items():
             if key not in spec:
-                raise KeyError(f"{name} has no key {key!r}.{_suggest(str(key), list(spec))}")
+                raise KeyError(f"{name} has no key {key!r}.{_cfg.suggest(str(key), list(spec))}")
             if isinstance(spec[key], dict):
                 DistributedStrategy._merge(f"{name}[{key!r}]", spec[key], into[key], value)
             else:
@@ -253,8 +148,8 @@ class DistributedStrategy:
         schema is generated from this table.
         """
         def section_table(spec: Mapping[str, Any]) -> dict[str, Any]:
-            return {k: _nested_schema(k, e) if isinstance(e, dict) else (_schema_type(e[1]), copy.deepcopy(e[0]))
-                    for k, e in spec.items()}
+            return {k: _cfg.nested_schema(k, e) if isinstance(e, dict)
+                    else (_cfg.schema_type(e[1]), copy.deepcopy(e[0])) for k, e in spec.items()}
 
         table: dict[str, Any] = {}
         for name, (default, check, _) in FLAGS.items():
@@ -307,7 +202,7 @@ class DistributedStrategy:
             if self._values[name] != default:
                 out[name] = self._values[name]
         for section, spec in CONFIGS.items():
-            changed = _diff(self._values[section], spec)
+            changed = _cfg.diff(self._values[section], spec)
             if changed:
                 out[section] = changed
         return out

@@ -266,3 +266,77 @@ def test_paddle_prototxt_test_and_text_format_variants(tmp_path):
     (tmp_path / "bad.prototxt").write_text("amp: 3\n")
     with pytest.raises(TypeError, match="amp"):
         DistributedStrategy().load_from_prototxt(str(tmp_path / "bad.prototxt"))
+
+
+# --- against protobuf's own text format, on Paddle's message definitions (paddle_proto.py) ------------------------
+def _paddle_message():
+    pytest.importorskip("google.protobuf")
+    from paddle_proto import strategy_message_class
+
+    return strategy_message_class()()
+
+
+def test_protobuf_printed_strategy_loads_and_writes_back_identically(tmp_path):
+    from google.protobuf import text_format
+
+    m = _paddle_message()
+    m.amp, m.recompute, m.sharding, m.find_unused_parameters, m.a_sync = True, True, True, True, True
+    m.fuse_grad_size_in_MB, m.last_comm_group_size_MB, m.without_graph_optimization = 16, 2, False
+    m.amp_configs.init_loss_scaling, m.amp_configs.decr_ratio, m.amp_configs.dtype = 1024, 0.5, "bfloat16"
+    m.amp_configs.custom_black_varnames.extend(["v1"])
+    m.recompute_configs.checkpoints.extend(["block1", "block2"])
+    m.sharding_configs.stage, m.sharding_configs.sharding_degree = 3, 2
+    m.hybrid_configs.dp_degree, m.hybrid_configs.mp_configs.sync_mode = 2, "average"
+    m.hybrid_configs.pp_configs.use_batch_p2p_comm = False
+    m.dgc_configs.sparsity.extend([0.75, 0.999])
+    m.lars_configs.exclude_from_weight_decay.extend(["bias"])
+    m.pipeline_configs.schedule_mode, m.tensor_parallel_configs.tensor_init_seed = "FThenB", 7
+    m.a_sync_configs.k_steps = 0
+    path = tmp_path / "paddle.prototxt"
+    path.write_text(str(m))  # exactly what Paddle's save_to_prototxt writes
+    s = DistributedStrategy()
+    with pytest.warns(UserWarning, match="a_sync, a_sync_configs"):
+        s.load_from_prototxt(str(path))
+    assert s.amp and s.sharding and s.fuse_grad_size_in_MB == 16 and s.without_graph_optimization is False
+    assert s.amp_configs["init_loss_scaling"] == 1024 and s.amp_configs["dtype"] == "bfloat16"
+    assert s.recompute_configs["checkpoints"] == ["block1", "block2"]
+    assert s.dgc_configs["sparsity"] == [0.75, pytest.approx(0.999)]
+    assert s.hybrid_configs["mp_configs"]["sync_mode"] == "average"
+    assert s.hybrid_configs["pp_configs"]["use_batch_p2p_comm"] is False
+    assert s.sharding_degree(world_size=4) == 2 and s.sharding_stage == 3
+    # back: what fleetlite writes, parsed by protobuf on Paddle's definitions, is the same message minus the
+    # parameter-server fields fleetlite leaves out
+    out = tmp_path / "fleetlite.prototxt"
+    s.save_to_prototxt(str(out))
+    back = text_format.Parse(out.read_text(), _paddle_message())
+    m.ClearField("a_sync")
+    m.ClearField("a_sync_configs")
+    assert str(back) == str(m)
+    again = DistributedStrategy()
+    again.load_from_prototxt(str(out))
+    assert again == s
+
+
+def test_every_field_fleetlite_writes_parses_on_paddles_definitions():
+    from google.protobuf import text_format
+
+    from fleetlite.distributed.fleet.prototxt import dumps
+
+    s = DistributedStrategy()
+    for name, (default, *_) in FLAGS.items():
+        setattr(s, name, (not default) if isinstance(default, bool) else default * 2)
+    s.amp_configs = {"custom_white_list": ["conv2d"], "level": "o2", "use_master_grad": True, "incr_ratio": 3.0}
+    s.recompute_configs = {"enable_offload": True, "checkpoint_shape": [4, 8]}
+    s.sharding_configs = {"segment_anchors": ["a"], "hybrid_dp": True, "optimize_cast": True, "wrap": ["Block"]}
+    s.hybrid_configs = {"sep_degree": 2, "order": ["mp", "dp"], "pp_configs": {"profiling": True},
+                        "mp_configs": {"sync_param": True, "sync_param_name": ["w"]}}
+    s.lamb_configs = {"lamb_weight_decay": 0.1, "exclude_from_weight_decay": ["ln"]}
+    s.adaptive_localsgd_configs = {"init_k_steps": 4}
+    text = dumps(s)
+    parsed = text_format.Parse(text, _paddle_message())  # raises on any field Paddle does not have
+    assert parsed.hybrid_configs.sep_degree == 2 and list(parsed.amp_configs.custom_white_list) == ["conv2d"]
+    loaded = DistributedStrategy()
+    from fleetlite.distributed.fleet.prototxt import loads
+
+    loads(text, loaded)
+    assert loaded == s  # fleetlite's own keys came back through the comment lines

@@ -39,6 +39,7 @@ DistributedStrategy = Any  # the strategy module imports this one (no import cir
 __all__ = ["dumps", "loads"]
 
 _EXTRA_PREFIX = "# fleetlite: "
+_PROTO_INT32 = ("fuse_grad_size_in_MB",)  # fleetlite also takes fractions of a MB there
 # The order of Paddle's proto (field numbers), which is the order Paddle writes; the rest follow in table order.
 _PROTO_ORDER = ("amp", "recompute", "localsgd", "dgc", "gradient_merge", "lars", "lamb", "pipeline", "sync_batch_norm",
                 "fuse_all_reduce_ops", "fuse_grad_size_in_MB", "adaptive_localsgd", "fp16_allreduce", "sharding",
@@ -84,7 +85,9 @@ def dumps(strategy: DistributedStrategy) -> str:
     lines: list[str] = []
     extras: list[str] = []
     for name in dict.fromkeys([*_PROTO_ORDER, *FLAGS, *CONFIGS]):
-        if name in changed and name in FLAGS:
+        if name in _PROTO_INT32 and name in changed and changed[name] != int(changed[name]):
+            extras += _lines(name, changed[name])  # a fraction Paddle's int32 field cannot hold
+        elif name in changed and name in FLAGS:
             lines += _lines(name, changed[name])
         elif name in changed:
             body = _section(name, changed[name], extras, "  ")
@@ -196,6 +199,9 @@ def loads(text: str, strategy: DistributedStrategy) -> None:
             path, _, token = line.strip()[len(_EXTRA_PREFIX):].partition(": ")
             extras.setdefault(path, []).append(_value(token.strip()))
     for path, values in extras.items():
+        if path in _PROTO_INT32:
+            setattr(strategy, path, values[-1])
+            continue
         if path not in EXTRAS and path.split(".")[0] not in EXTRAS:
             skipped.append(path)
             continue

@@ -332,6 +332,7 @@ def test_every_field_fleetlite_writes_parses_on_paddles_definitions():
                         "mp_configs": {"sync_param": True, "sync_param_name": ["w"]}}
     s.lamb_configs = {"lamb_weight_decay": 0.1, "exclude_from_weight_decay": ["ln"]}
     s.adaptive_localsgd_configs = {"init_k_steps": 4}
+    s.fuse_grad_size_in_MB = 0.5  # fleetlite takes fractions; Paddle's field is an int32 (so: a comment line)
     text = dumps(s)
     parsed = text_format.Parse(text, _paddle_message())  # raises on any field Paddle does not have
     assert parsed.hybrid_configs.sep_degree == 2 and list(parsed.amp_configs.custom_white_list) == ["conv2d"]

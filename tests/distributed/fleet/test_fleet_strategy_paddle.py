@@ -341,3 +341,25 @@ def test_every_field_fleetlite_writes_parses_on_paddles_definitions():
 
     loads(text, loaded)
     assert loaded == s  # fleetlite's own keys came back through the comment lines
+
+
+def test_the_tables_name_only_real_fields():
+    from fleetlite.distributed.fleet.strategy_fields import EXTRAS, NO_EFFECT
+
+    def exists(path):
+        section, *keys = path.split(".")
+        if not keys:
+            return section in FLAGS or section in CONFIGS
+        spec = CONFIGS.get(section, {})
+        for key in keys:
+            if not isinstance(spec, dict) or key not in spec:
+                return False
+            spec = spec[key]
+        return True
+
+    for path in (*REFUSED, *NO_EFFECT, *EXTRAS):
+        assert exists(path), path
+    assert not set(REFUSED) & set(NO_EFFECT)
+    later = sorted(p for p, r in REFUSED.items() if r.later)
+    assert {"dgc", "lamb", "lars", "localsgd", "adaptive_localsgd", "hybrid_configs.mp_degree",
+            "hybrid_configs.pp_degree"} <= set(later)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -114,6 +115,31 @@ def _default_nprocs() -> int:
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+_KNOWN_OPTIONS = ("start_method", "master_addr", "master_port", "backend", "ips", "gpus", "print_config")
+_DEPRECATED_OPTIONS = ("selected_devices", "started_port", "cluster_node_ips", "node_ip", "use_paddlecloud")
+_REFUSED_OPTIONS = {"xpus": "Kunlun XPUs", "mlus": "Cambricon MLUs"}
+
+
+class UnknownSpawnOption(ValueError, TypeError):
+    """An option ``spawn`` does not know: Paddle's ``ValueError`` (a ``TypeError`` too, as fleetlite raised
+    before, like an unexpected keyword argument)."""
+
+
+def _check_options(options: dict) -> None:
+    """Paddle's option check: unknown options are a ValueError, its deprecated ones a DeprecationWarning (and
+    ignored, as in Paddle); the device options of other accelerators are refused."""
+    for key in options:
+        if key in _DEPRECATED_OPTIONS:
+            warnings.warn(f"The config option ({key}) of `spawn` is deprecated (and ignored, as in Paddle); use "
+                          f"the options in the spawn documentation: {', '.join(_KNOWN_OPTIONS)}",
+                          DeprecationWarning, stacklevel=3)
+        elif key in _REFUSED_OPTIONS:
+            raise NotImplementedError(f"spawn({key}=...): {_REFUSED_OPTIONS[key]} are not supported by fleetlite "
+                                      "(PyTorch on CUDA or CPU); use gpus=... or drop the option")
+        elif key not in _KNOWN_OPTIONS:
+            raise UnknownSpawnOption(f"The config option ({key}) of `spawn` is not supported: spawn got unknown "
+                                     f"options {sorted(k for k in options if k not in _KNOWN_OPTIONS)}; known: "
+                                     f"{', '.join(_KNOWN_OPTIONS)}")
 
 
 def _paddle_options(options: dict, nprocs: int) -> tuple[int, dict[str, str]]:
@@ -158,7 +184,10 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
         options: ``start_method`` (default ``"spawn"``), ``master_addr``, ``master_port``,
             and Paddle's ``backend`` (what ``init_parallel_env()`` uses in the
             children, via ``PADDLE_DISTRI_BACKEND``), ``gpus`` (e.g. ``"0,1"``: sets
-            ``CUDA_VISIBLE_DEVICES`` before the children start) and ``ips`` (this machine only).
+            ``CUDA_VISIBLE_DEVICES`` before the children start), ``ips`` (this machine only) and
+            ``print_config`` (print each process's environment). As in Paddle, an unknown option is a
+            ValueError and Paddle's deprecated ones (``selected_devices``, ``started_port``, ...) a
+            DeprecationWarning; ``xpus``/``mlus`` are refused (NotImplementedError).
             The children do not inherit an enclosing launcher's variables.
 
     Raises:
@@ -177,10 +206,7 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
     """
     if not callable(func):
         raise TypeError(f"spawn needs a callable, got {type(func).__name__}")
-    known = {"start_method", "master_addr", "master_port", "backend", "ips", "gpus"}
-    unknown = set(options) - known
-    if unknown:
-        raise TypeError(f"spawn got unknown options {sorted(unknown)}; known: {', '.join(sorted(known))}")
+    _check_options(options)
     if not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
         raise ValueError(f"nprocs={nprocs!r} must be a positive integer or -1 (one per GPU / CPU core)")
     _refuse_inside_a_job()
@@ -191,6 +217,9 @@ def spawn(func, args=(), nprocs: int = -1, join: bool = True, daemon: bool = Fal
     addr = options.get("master_addr", "127.0.0.1")
     port = int(options.get("master_port") or find_free_port(addr))
     envs = [worker_env(r, nprocs, addr, port) for r in range(nprocs)]
+    if options.get("print_config"):  # Paddle's debug option: the environment of each process
+        for r, env in enumerate(envs):
+            print(f"spawn: process {r}: {', '.join(f'{k}={v}' for k, v in sorted({**env, **extra}.items()))}")
     if "CUDA_VISIBLE_DEVICES" in extra:
         for r, env in enumerate(envs):
             env["FLAGS_selected_gpus"] = str(r)

@@ -5,7 +5,8 @@
 * :class:`TensorLoader` - the batched uint8-tensor input pipeline (crop, flip,
   normalise on the device).
 * :func:`drop_padding`, :func:`global_sum` - exact distributed evaluation.
-* ``DataLoader``, ``Dataset``, ``TensorDataset``... - torch's own classes.
+* ``DataLoader`` - torch's, also callable as Paddle's (``for data in loader():``).
+* ``Dataset``, ``TensorDataset``... - torch's own classes.
 
 Importing this package does not import torchvision.
 
@@ -19,7 +20,6 @@ Example::
 from torch.utils.data import (
     BatchSampler,
     ConcatDataset,
-    DataLoader,
     Dataset,
     IterableDataset,
     RandomSampler,
@@ -32,7 +32,7 @@ from torch.utils.data import (
 )
 
 from .evaluation import drop_padding, find_batch_sampler, global_sum, trim_batch
-from .loader import TensorLoader
+from .loader import DataLoader, TensorLoader
 from .sampler import DistributedBatchSampler
 
 SequenceSampler = SequentialSampler  # Paddle's name

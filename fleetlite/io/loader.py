@@ -1,4 +1,5 @@
-"""``TensorLoader``: the batched tensor input pipeline (airbench-style), iterable like a loader.
+"""``TensorLoader``: the batched tensor input pipeline (airbench-style), iterable like a loader; and
+``DataLoader``: torch's DataLoader, callable as Paddle's is (``for data in loader():``).
 
 The whole split stays one uint8 tensor on the training device. Each step
 takes the indices of this rank's batch from a :class:`DistributedBatchSampler`,
@@ -20,11 +21,31 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data
 
 from .image_ops import PAD_MODES, crop_flip, normalize, normalize_params
 from .sampler import DistributedBatchSampler
 
-__all__ = ["TensorLoader"]
+__all__ = ["TensorLoader", "DataLoader"]
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch's ``DataLoader`` (same arguments and behaviour), also callable as Paddle's ``paddle.io.DataLoader``:
+    ``loader()`` returns a fresh iterator, so a Paddle loop ``for data in train_loader():`` runs unchanged.
+
+    Example::
+
+        import torch
+        from fleetlite.io import DataLoader, TensorDataset
+        loader = DataLoader(TensorDataset(torch.arange(6.0)), batch_size=4)
+        for (x,) in loader():        # Paddle's spelling
+            pass
+        for (x,) in loader:          # torch's
+            pass
+    """
+
+    def __call__(self) -> Iterator[Any]:
+        return self.__iter__()
 
 
 class TensorLoader:
@@ -129,6 +150,10 @@ class TensorLoader:
                 x = crop_flip(x, aug[0][idx], aug[1][idx], aug[2][idx], self.padding, self.pad_mode)
             yield (normalize(x, self.mean, self.std, self.channels_last, params=self._norm_params(x.device)),
                    self.labels.index_select(0, idx))
+
+    def __call__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A fresh iterator, as ``iter(loader)``: Paddle's ``for data in loader():``."""
+        return self.__iter__()
 
     def __len__(self) -> int:
         return len(self.batch_sampler)

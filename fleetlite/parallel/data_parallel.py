@@ -363,6 +363,11 @@ class DataParallel(nn.Module, Joinable):
 
     set_dict = set_state_dict
 
+    def clear_gradients(self, set_to_zero: bool = True) -> None:
+        """Paddle's ``Layer.clear_gradients``: zero every parameter's gradient (``set_to_zero=False``: drop it,
+        as ``zero_grad(set_to_none=True)``)."""
+        self.zero_grad(set_to_none=not set_to_zero)
+
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)

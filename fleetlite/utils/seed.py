@@ -3,7 +3,8 @@
 Example::
 
     import fleetlite
-    fleetlite.seed_everything(42)                      # reproducible initialisation and shuffles
+    gen = fleetlite.seed_everything(42)                # reproducible initialisation and shuffles
+    assert gen.initial_seed() == 42                    # the default torch.Generator, as paddle.seed returns one
     fleetlite.seed_everything(42, deterministic=True)  # plus torch's deterministic algorithms
 """
 
@@ -18,8 +19,9 @@ import torch
 __all__ = ["seed_everything"]
 
 
-def seed_everything(seed: int, deterministic: bool = False) -> int:
-    """Seed ``random``, ``numpy``, ``torch`` and CUDA with ``seed``; returns it.
+def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
+    """Seed ``random``, ``numpy``, ``torch`` and CUDA with ``seed``; returns torch's default CPU generator (as
+    ``paddle.seed`` returns Paddle's; ``.initial_seed()`` is ``seed``). It replaces ``paddle.seed``.
 
     ``PYTHONHASHSEED`` is set for child processes (data-loader workers, spawned ranks). With
     ``deterministic=True`` torch uses deterministic algorithms only (``torch.use_deterministic_algorithms``;
@@ -32,10 +34,10 @@ def seed_everything(seed: int, deterministic: bool = False) -> int:
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+    generator = torch.manual_seed(seed)  # also seeds every CUDA device
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-    return seed
+    return generator

@@ -17,6 +17,10 @@ Example::
     opt.clear_grad()
     print(fleet.worker_index(), fleet.worker_num())
 
+``fleet.util`` is Paddle's ``UtilBase`` (``all_reduce``, ``all_gather``,
+``barrier``, ``get_file_shard``, ``print_on_rank``); assign your own subclass
+to replace it (``fleet.util = MyUtil()``).
+
 ``fleet.amp`` holds the mixed-precision helper (:class:`~.amp.AmpHelper`,
 :func:`~.amp.from_strategy`, :class:`~.amp.DistGradScaler`) that the Trainer reuses.
 """
@@ -33,6 +37,8 @@ from .fleet import (
     init,
     is_first_worker,
     is_initialized,
+    is_server,
+    is_worker,
     local_rank,
     user_strategy,
     worker_endpoints,
@@ -42,6 +48,9 @@ from .fleet import (
 from .optimizer import DistributedOptimizer
 from .recompute import recompute
 from .strategy import DistributedStrategy
+from .util_base import UtilBase, UtilFactory
+
+util: UtilBase = UtilBase()  # Paddle's fleet.util; a program may replace it by its own UtilBase subclass
 
 __all__ = [
     "init",
@@ -54,6 +63,11 @@ __all__ = [
     "worker_index",
     "worker_num",
     "is_first_worker",
+    "is_worker",
+    "is_server",
+    "util",
+    "UtilBase",
+    "UtilFactory",
     "barrier_worker",
     "local_rank",
     "worker_endpoints",

@@ -34,7 +34,7 @@ from .strategy import DistributedStrategy
 __all__ = [
     "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "user_strategy",
     "is_initialized", "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank",
-    "worker_endpoints", "PaddleCloudRoleMaker",
+    "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server",
 ]
 
 logger = logging.getLogger("fleetlite.fleet")
@@ -314,6 +314,16 @@ def worker_index() -> int:
 def worker_num() -> int:
     """Number of workers."""
     return _world_size()
+
+
+def is_worker() -> bool:
+    """True: in collective training every process is a worker (Paddle's ``fleet.is_worker``)."""
+    return True
+
+
+def is_server() -> bool:
+    """False: collective training has no parameter servers (Paddle's ``fleet.is_server``)."""
+    return False
 
 
 def is_first_worker() -> bool:

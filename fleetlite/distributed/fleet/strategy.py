@@ -1,69 +1,45 @@
 """``DistributedStrategy``: Paddle's strategy object, validated on assignment.
 
-Every field has Paddle's name and default. Flags are plain attributes
-(``strategy.amp = True``); each ``*_configs`` attribute is a mapping whose
-assignment *merges* the given keys into the current values (Paddle's
-behaviour), and whose items can also be set one by one
-(``strategy.amp_configs["dtype"] = "bfloat16"``). A wrong name raises
-AttributeError/KeyError with the valid names and the closest match; a wrong
-type or value raises ValueError naming the field, at assignment time.
+Every collective field of Paddle's ``DistributedStrategy`` and every key of
+its ``*_configs`` exists, with Paddle's name and default (the one table:
+:mod:`~fleetlite.distributed.fleet.strategy_fields`, which also lists the
+parameter-server, heter, static-graph and XPU fields left out). Flags are
+plain attributes (``strategy.amp = True``); each ``*_configs`` attribute is a
+mapping whose assignment *merges* the given keys into the current values
+(Paddle's behaviour), and whose items can also be set one by one
+(``strategy.amp_configs["dtype"] = "bfloat16"``) or read as attributes
+(``strategy.hybrid_configs["mp_configs"].sync_param``).
 
-Features that are named but not implemented here (dgc, localsgd, pipeline,
-tensor_parallel, mp/pp degrees above 1, pure fp16) can be set,
-so a Paddle script's strategy builds, but :meth:`DistributedStrategy.check_supported`
-(run by ``fleet.init`` and ``fleet.distributed_*``) refuses them with
-NotImplementedError instead of ignoring them.
+Errors: an unknown attribute is Paddle's ``TypeError`` (also an
+``AttributeError``), listing the valid names and the closest match; an unknown
+config key is a ``KeyError``; a value of the wrong type is a ``TypeError`` (also
+a ``ValueError``) and a value out of range a ``ValueError``, both at
+assignment time -- stricter than Paddle, which prints a warning and ignores
+most wrongly typed values.
+
+Features that are named but not implemented here (:data:`strategy_fields.REFUSED`:
+dgc, localsgd, lars, lamb, pipeline, tensor_parallel, mp/pp/sep degrees above
+1, pure fp16, ...) can be set, so a Paddle script's strategy builds, but
+:meth:`DistributedStrategy.check_supported` (run by ``fleet.init`` and
+``fleet.distributed_*``) refuses them with NotImplementedError naming the
+field instead of ignoring them. ``save_to_prototxt`` / ``load_from_prototxt``
+read and write Paddle's protobuf text format.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["DistributedStrategy"]
 
-from .strategy_fields import CONFIGS, FLAGS, UNSUPPORTED
+from . import strategy_configs as _cfg
+from .strategy_fields import CONFIGS, FLAGS, REFUSED, StrategyTypeError, UnknownFieldError
 
-
-def _suggest(name: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"{hint} Valid names: {', '.join(valid)}."
-
-
-class _ConfigView(MutableMapping):
-    """A live view of one ``*_configs`` section: item assignment is validated and written through."""
-
-    def __init__(self, owner: DistributedStrategy, section: str):
-        self._owner = owner
-        self._section = section
-
-    @property
-    def _data(self) -> dict[str, Any]:
-        return self._owner._values[self._section]
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._data:
-            raise KeyError(f"{self._section} has no key {key!r}.{_suggest(str(key), list(self._data))}")
-        return self._data[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._owner._set_config(self._section, {key: value})
-
-    def __delitem__(self, key: str) -> None:
-        raise TypeError(f"{self._section} keys cannot be deleted; assign the default "
-                        f"({CONFIGS[self._section].get(key, (None,))[0]!r}) to reset {key!r}")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return repr(self._data)
+# Paddle's attributes that live inside hybrid_configs here: name -> key path
+_ALIASES = {"hybrid_parallel_order": ("hybrid_configs", "order"),
+            "sync_param_name": ("hybrid_configs", "mp_configs", "sync_param_name")}
 
 
 class DistributedStrategy:
@@ -87,7 +63,7 @@ class DistributedStrategy:
         for name, (default, *_) in FLAGS.items():
             self._values[name] = copy.deepcopy(default)
         for section, spec in CONFIGS.items():
-            self._values[section] = {k: copy.deepcopy(d) for k, (d, _) in spec.items()}
+            self._values[section] = _cfg.defaults(spec)
         for name, value in fields.items():
             setattr(self, name, value)
 
@@ -97,37 +73,58 @@ class DistributedStrategy:
             raise AttributeError(name)
         values = self.__dict__.get("_values", {})
         if name in CONFIGS:
-            return _ConfigView(self, name)
+            return _cfg.ConfigView(self, (name,))
         if name in values:
             return values[name]
-        raise AttributeError(f"DistributedStrategy has no attribute {name!r}.{_suggest(name, self.field_names())}")
+        if name in _ALIASES:
+            *path, key = _ALIASES[name]
+            return _cfg.ConfigView(self, tuple(path))[key]
+        raise UnknownFieldError(f"{name!r} is not an attribute of DistributedStrategy."
+                                f"{_cfg.suggest(name, self.field_names())}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in FLAGS:
             self._values[name] = FLAGS[name][1](name, value)
         elif name in CONFIGS:
-            if not isinstance(value, Mapping):
-                example = dict(list(self._values[name].items())[:1])
-                raise ValueError(f"{name} must be a dict of settings (e.g. {example}), got {value!r}")
-            self._set_config(name, value)
+            self._set_config((name,), value)
+        elif name in _ALIASES:
+            *path, key = _ALIASES[name]
+            self._set_config(tuple(path), {key: value})
         else:
-            raise AttributeError(f"DistributedStrategy has no attribute {name!r}."
-                                 f"{_suggest(name, self.field_names())}")
+            raise UnknownFieldError(f"{name!r} is not an attribute of DistributedStrategy."
+                                    f"{_cfg.suggest(name, self.field_names())}")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"DistributedStrategy fields cannot be deleted; assign the default to reset {name!r}")
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self.field_names()))
+        return sorted(set(super().__dir__()) | set(self.field_names()) | set(_ALIASES))
 
-    def _set_config(self, section: str, updates: Mapping[str, Any]) -> None:
-        spec = CONFIGS[section]
-        checked = {}
-        for key, value in updates.items():  # validate everything before changing anything
+    def _set_config(self, path: tuple[str, ...], updates: Any) -> None:
+        """Merge ``updates`` into the section at ``path`` (nested sections merge too), all or nothing."""
+        name = path[0] + "".join(f"[{k!r}]" for k in path[1:])
+        merged = copy.deepcopy(_cfg.ConfigView(self, path)._data)
+        self._merge(name, _cfg.spec_at(path), merged, updates)  # validate everything before changing anything
+        section = self._values[path[0]]
+        for key in path[1:-1]:
+            section = section[key]
+        if len(path) == 1:
+            self._values[path[0]] = merged
+        else:
+            section[path[-1]] = merged
+
+    @staticmethod
+    def _merge(name: str, spec: Mapping[str, Any], into: dict[str, Any], updates: Any) -> None:
+        if not isinstance(updates, Mapping):
+            example = {k: e[0] for k, e in list(spec.items())[:1] if not isinstance(e, dict)}
+            raise StrategyTypeError(f"{name} must be a dict of settings (e.g. {example}), got {updates!r}")
+        for key, value in updates.items():
             if key not in spec:
-                raise KeyError(f"{section} has no key {key!r}.{_suggest(str(key), list(spec))}")
-            checked[key] = spec[key][1](f"{section}[{key!r}]", value)
-        self._values[section].update(checked)
+                raise KeyError(f"{name} has no key {key!r}.{_cfg.suggest(str(key), list(spec))}")
+            if isinstance(spec[key], dict):
+                DistributedStrategy._merge(f"{name}[{key!r}]", spec[key], into[key], value)
+            else:
+                into[key] = spec[key][1](f"{name}[{key!r}]", value)
 
     # --- conversion ----------------------------------------------------------------------------------------
     @staticmethod
@@ -145,19 +142,23 @@ class DistributedStrategy:
     def field_table() -> dict[str, Any]:
         """Every field as ``(value type, default)``; a ``*_configs`` section as a dict of its keys' pairs.
 
-        The value type is ``bool``, ``int``, ``float``, ``list[str]``, ``list[float]``, or a tuple of the
-        allowed values. Order: each flag followed by its section, then the remaining sections. The recipe's
-        ``strategy`` schema is generated from this table.
+        The value type is ``bool``, ``int``, ``float``, ``list[str]``, ``list[int]``, ``list[float]``, or a tuple of
+        the allowed values; a nested section (``hybrid_configs``' ``mp_configs``) is a dataclass and its default
+        instance. Order: each flag followed by its section, then the remaining sections. The recipe's ``strategy``
+        schema is generated from this table.
         """
+        def section_table(spec: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: _cfg.nested_schema(k, e) if isinstance(e, dict)
+                    else (_cfg.schema_type(e[1]), copy.deepcopy(e[0])) for k, e in spec.items()}
+
         table: dict[str, Any] = {}
         for name, (default, check, _) in FLAGS.items():
             table[name] = (check.value_type, copy.deepcopy(default))
             if f"{name}_configs" in CONFIGS:
-                section = f"{name}_configs"
-                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in CONFIGS[section].items()}
+                table[f"{name}_configs"] = section_table(CONFIGS[f"{name}_configs"])
         for section, spec in CONFIGS.items():
             if section not in table:
-                table[section] = {k: (c.value_type, copy.deepcopy(d)) for k, (d, c) in spec.items()}
+                table[section] = section_table(spec)
         return table
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,12 +173,27 @@ class DistributedStrategy:
         if isinstance(data, DistributedStrategy):
             return copy.deepcopy(data)
         if not isinstance(data, Mapping):
-            raise ValueError(f"DistributedStrategy.from_dict needs a mapping of field names to values, got "
-                             f"{type(data).__name__}")
+            raise StrategyTypeError(f"DistributedStrategy.from_dict needs a mapping of field names to values, got "
+                                    f"{type(data).__name__}")
         strategy = cls()
         for name, value in data.items():
             setattr(strategy, str(name), value)
         return strategy
+
+    def save_to_prototxt(self, output: str) -> None:
+        """Write the strategy to ``output`` in Paddle's protobuf text format (``paddle``'s
+        ``load_from_prototxt`` reads it; fleetlite's own keys go in ``# fleetlite:`` comment lines)."""
+        from .prototxt import dumps
+
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(dumps(self))
+
+    def load_from_prototxt(self, pb_file: str) -> None:
+        """Merge the fields of a protobuf text file (one Paddle's ``save_to_prototxt`` wrote) into this strategy."""
+        from .prototxt import loads
+
+        with open(pb_file, encoding="utf-8") as f:
+            loads(f.read(), self)
 
     def diff(self) -> dict[str, Any]:
         """The fields (and config keys) that differ from the defaults."""
@@ -186,7 +202,7 @@ class DistributedStrategy:
             if self._values[name] != default:
                 out[name] = self._values[name]
         for section, spec in CONFIGS.items():
-            changed = {k: v for k, v in self._values[section].items() if v != spec[k][0]}
+            changed = _cfg.diff(self._values[section], spec)
             if changed:
                 out[section] = changed
         return out
@@ -227,9 +243,14 @@ class DistributedStrategy:
         return self._values["sharding_configs"]["stage"] if self.sharding_enabled else 0
 
     def sharding_degree(self, world_size: int) -> int:
-        """Ranks per sharding group: ``sharding_configs['sharding_degree']``, else ``hybrid_configs``', else all."""
+        """Ranks per sharding group: ``sharding_configs['sharding_degree']``, else ``hybrid_configs``', else all.
+
+        ``sharding_configs['sharding_degree']`` at Paddle's default, 8 (a static-graph default that Paddle's dygraph
+        ignores; -1 is stored as 8), means "not given here": the group is then ``hybrid_configs['sharding_degree']``
+        when above 1, else all ranks. For sharding groups of exactly 8 ranks set ``hybrid_configs['sharding_degree']``.
+        """
         sd = self._values["sharding_configs"]["sharding_degree"]
-        if sd == -1:
+        if sd == CONFIGS["sharding_configs"]["sharding_degree"][0]:
             sd = self._values["hybrid_configs"]["sharding_degree"]
             sd = world_size if sd <= 1 else sd
         return sd
@@ -252,22 +273,45 @@ class DistributedStrategy:
                           and self._values["fp16_allreduce_configs"]["dtype"] != self._values["amp_configs"]["dtype"]):
             raise ValueError("under sharding stage 2/3 fp16_allreduce's dtype is FSDP's reduce dtype and amp's is its "
                              "parameter dtype: set both to the same dtype, or turn fp16_allreduce off")
+        replicas = world_size // sd
+        if cfg["dp_degree"] not in (1, replicas):  # Paddle's static sharding: sharding_degree * dp_degree = world
+            raise ValueError(f"sharding_configs['dp_degree'] = {cfg['dp_degree']} does not fit {world_size} ranks in "
+                             f"sharding groups of {sd}: set it to {replicas} or leave it at 1 (computed)")
+        if cfg["hybrid_dp"] and replicas == 1:
+            raise ValueError(f"sharding_configs['hybrid_dp'] = True needs more than one sharding group, but the "
+                             f"sharding degree {sd} spans all {world_size} ranks: set sharding_degree to a divisor "
+                             f"of {world_size} (the ranks of one node) or hybrid_dp = False")
+
+    def _refused(self) -> tuple[str, Any, Any] | None:
+        """The first REFUSED field or key that is turned on: ``(path, value, Refusal)``, else None."""
+        for path, refusal in REFUSED.items():
+            section, _, key = path.partition(".")
+            if not key:
+                value, default = self._values[section], FLAGS[section][0]
+            else:
+                flag = section.removesuffix("_configs")
+                if flag in FLAGS and not self._values[flag]:
+                    continue  # Paddle ignores the configs of a feature that is off
+                value, default = self._values[section][key], CONFIGS[section][key][0]
+            if value != default:
+                return path, value, refusal
+        return None
 
     def check_supported(self, world_size: int) -> None:
         """Raise NotImplementedError for a feature this implementation does not run, ValueError for degrees
         that do not fit ``world_size``. Called by ``fleet.init`` and ``fleet.distributed_*``."""
-        for name, what in UNSUPPORTED.items():
-            if self._values[name]:
-                raise NotImplementedError(
-                    f"strategy.{name} = True ({what}) is not implemented by fleetlite; set strategy.{name} = False. "
-                    "fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
-                    "fp16_allreduce and sharding stages 1-3.")
+        refused = self._refused()
+        if refused:
+            path, value, refusal = refused
+            section, _, key = path.partition(".")
+            name = f"strategy.{section}" + (f"[{key!r}]" if key else "")
+            default = FLAGS[section][0] if not key else CONFIGS[section][key][0]
+            when = " (planned: issue 24)" if refusal.later else ""
+            raise NotImplementedError(
+                f"{name} = {value!r} ({refusal.what}) is not implemented by fleetlite{when}; set {name} = "
+                f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
+                "fp16_allreduce and sharding stages 1-3.")
         hybrid = self._values["hybrid_configs"]
-        for key in ("mp_degree", "pp_degree"):
-            if hybrid[key] > 1:
-                raise NotImplementedError(
-                    f"hybrid_configs['{key}'] = {hybrid[key]}: model/pipeline parallelism is not implemented by "
-                    f"fleetlite; set it to 1 (data parallelism, optionally with sharding).")
         sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
         if self.sharding_enabled:
             self._check_sharding(sd, world_size)
@@ -277,7 +321,3 @@ class DistributedStrategy:
             raise ValueError(
                 f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (sharding_degree {hsd}): "
                 f"it must be {expected_dp} or -1 (computed).")
-        if self._values["amp"] and self._values["amp_configs"]["use_pure_fp16"]:
-            raise NotImplementedError(
-                "amp_configs['use_pure_fp16'] = True (Paddle's O2: parameters kept in half precision with fp32 "
-                "master weights) is not implemented; set it to False to train with torch.autocast (O1).")

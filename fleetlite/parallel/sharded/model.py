@@ -235,6 +235,11 @@ class ShardedDataParallel(nn.Module):
 
     set_dict = set_state_dict
 
+    def clear_gradients(self, set_to_zero: bool = True) -> None:
+        """Paddle's ``Layer.clear_gradients``: zero every parameter's gradient (``set_to_zero=False``: drop it,
+        as ``zero_grad(set_to_none=True)``)."""
+        self.zero_grad(set_to_none=not set_to_zero)
+
     def extra_repr(self) -> str:
         return (f"stage={self.stage}, sharding_degree={self.sharding_degree}, mesh={tuple(self.mesh.shape)}, "
                 f"offload={self.offload}, units={len(self.units)}")

@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fleetlite import callbacks as cb
+from fleetlite.distributed.agreement import from_rank0
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet.recompute import resolve_checkpoints
 from fleetlite.io import TensorLoader
@@ -32,7 +33,6 @@ from fleetlite.vision import datasets
 from fleetlite.vision.models import build_model as build_vision_model
 from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
 
-from .preflight import agree
 from .runlog import EpochLog
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
@@ -120,7 +120,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
             splits = {m: _load_split(cfg, m, cfg[f"{m}_size"], bool(cfg.download)) for m in ("train", "test")}
         except ConfigError as e:
             error = str(e)
-    error = agree(error)
+    error = from_rank0(error)
     if error:
         raise ConfigError(error)
     if rank != 0:

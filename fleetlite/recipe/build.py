@@ -111,7 +111,8 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                rank: int = 0) -> Data:
     """Load (rank 0 first: it downloads) and wrap both splits in :class:`fleetlite.io.TensorLoader`.
 
-    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size // world_size``.
+    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size / world_size`` (checked
+    to divide by :func:`~fleetlite.recipe.validate.check_config`).
     """
     splits: dict[str, Any] = {}
     error = None

@@ -143,6 +143,10 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
         _need(value >= world_size, f"trainer.{key}={value} is smaller than the number of ranks ({world_size}): "
                                    f"it is the global batch, split across ranks, so every rank would get none; "
                                    f"set trainer.{key}={world_size} or more")
+    g, n = t.global_batch_size, world_size
+    _need(g % n == 0, f"trainer.global_batch_size={g} does not divide among {n} ranks: each rank takes an equal "
+                      f"share of the global batch, so {g} would train with {g // n * n}; set "
+                      f"trainer.global_batch_size to a multiple of {n}, e.g. {g // n * n} or {-(-g // n) * n}")
     for key in ("eval_freq", "log_freq", "save_freq"):
         _need(t[key] >= 1, f"trainer.{key}={t[key]} must be at least 1 (every N epochs/steps)")
     for key in ("save_steps", "keep_last"):

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import InterpolationResolutionError
 
 from fleetlite.distributed import all_gather_object
 from fleetlite.distributed.agreement import RankMismatchError, check_same_across_ranks, from_rank0
@@ -147,15 +148,15 @@ def compose_jobs(config_dir: str | os.PathLike, config_name: str, args: argparse
         with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name):
             configs = [compose(args.config_name or config_name, [*o, *extra], return_hydra_config=True)
                        for o in jobs]
+        for num, full in enumerate(configs):
+            with read_write(full.hydra), open_dict(full.hydra):
+                full.hydra.mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
+                full.hydra.job.num, full.hydra.job.id = num, str(num)
+            check_config(full, world_size=world_size)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf parse and composition errors: the user's input
-        raise ConfigError(describe_compose_error(e)) from None
-    for num, full in enumerate(configs):
-        with read_write(full.hydra), open_dict(full.hydra):
-            full.hydra.mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
-            full.hydra.job.num, full.hydra.job.id = num, str(num)
-        check_config(full, world_size=world_size)
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf parse, composition and interpolation errors
+        raise ConfigError(describe_compose_error(e)) from e
     return configs
 
 
@@ -305,8 +306,8 @@ def check_command_line(config_dir: str | os.PathLike, config_name: str, argv: li
         return None
     try:
         configs = compose_jobs(config_dir, config_name, parse_args(argv), world_size)
-    except ConfigError as e:
-        return str(e)
+    except ConfigError as e:  # a value only the workers can resolve (${oc.env:LOCAL_RANK}): they check it
+        return None if isinstance(e.__cause__, InterpolationResolutionError) else str(e)
     return _settle_run_dir(configs, argv, quiet=True).get("error")
 
 

@@ -72,3 +72,13 @@ def test_a_global_batch_that_does_not_divide_among_the_ranks_is_refused(batch, w
     assert text.startswith(f"trainer.global_batch_size={batch} does not divide among {world} ranks: ")
     assert f"so {batch} would train with {batch // world * world}" in text and text.endswith(fix)
     check_config(_cfg(f"trainer.global_batch_size={batch // world * world}"), world_size=world)  # a multiple is fine
+
+
+def test_the_launcher_leaves_values_only_the_workers_can_resolve_to_them(monkeypatch):
+    from fleetlite.recipe.job import check_command_line
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    per_rank = ["data=synthetic", "trainer.label_smoothing=${oc.env:LOCAL_RANK}"]
+    assert check_command_line(CONF, "cifar10", per_rank, world_size=2) is None  # each worker checks its own value
+    assert check_command_line(CONF, "cifar10", ["trainer.global_batch_size=3"], world_size=2).startswith(
+        "trainer.global_batch_size=3 does not divide among 2 ranks")

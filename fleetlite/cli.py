@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+import time
 from pathlib import Path
 
 from .recipe.catalog import CatalogError, config_names, copy_out, find_recipe, recipe_names
@@ -59,10 +61,47 @@ def run(argv: list[str]) -> int:
         raise SystemExit(f"fleetlite run: {e}") from None
     script_args = _split_config(rest[1:])
     if launcher:  # torchrun's options: the recipe runs on the processes fleetlite launch starts
+        error = _check_before_launch(path, launcher, script_args)
+        if error:  # one line and exit 2, as in one process, instead of one "a worker failed" line per rank
+            print(f"error: {' '.join(error.split())}", file=sys.stderr)
+            return 2
         return launch_main([*launcher, path, *script_args])
     sys.argv = [path, *script_args]
     runpy.run_path(path, run_name="__main__")
     return 0
+
+
+def _world_size(launcher: list[str]) -> int | None:
+    """The number of ranks torchrun's ``launcher`` options start (None when elastic: ``--nnodes 1:4``)."""
+    from torch.distributed import run as trun  # local: see run()
+
+    from .distributed.launch import resolve_argv
+
+    args = trun.parse_args(resolve_argv([*launcher, "recipe.py"], environ={}))
+    low, _, high = str(args.nnodes).partition(":")
+    if high and high != low:
+        return None
+    try:
+        return int(low) * trun.determine_local_world_size(args.nproc_per_node)
+    except ValueError:
+        return None  # torchrun refuses it itself, with its own message
+
+
+def _check_before_launch(path: str, launcher: list[str], script_args: list[str]) -> str | None:
+    """The recipe's config checks, made once here before torchrun starts the workers (the config is known here).
+
+    Returns the one-line error, or None. The recipe is loaded (not run) to learn its config folder and name.
+    """
+    from .distributed.launch import LAUNCH_TIME_VAR
+    from .recipe.job import check_command_line
+
+    world = _world_size(launcher)
+    command = next((v for v in runpy.run_path(path, run_name="fleetlite_recipe_check").values()
+                    if hasattr(v, "recipe_config")), None)
+    if world is None or command is None:
+        return None  # the workers check it
+    os.environ.setdefault(LAUNCH_TIME_VAR, f"{time.time():.6f}")  # the run_dir the workers resolve (launch keeps it)
+    return check_command_line(*command.recipe_config, script_args, world_size=world)
 
 
 def ls() -> int:

@@ -18,7 +18,9 @@ Every torchrun option works unchanged (``--nproc_per_node``, ``--nnodes``,
   next step and exit, see ``fleetlite.callbacks.Preemption``; Ctrl-C is a
   SIGINT, handled the same way, and a second Ctrl-C stops at once);
 * checks ``--nproc_per_node`` before starting anything (a positive number, or
-  torchrun's ``auto``/``cpu``/``gpu``; at most one process per ``--gpus`` entry);
+  torchrun's ``auto``/``cpu``/``gpu``; at most one process per ``--gpus`` entry),
+  and warns when it asks for more processes than this node has GPUs (or, without
+  a GPU, CPU cores): such a run thrashes (:func:`oversubscription_warning`);
 * is quiet by default: no OMP_NUM_THREADS banner (it still sets 1 thread per
   worker when there are several, as torchrun does), no agent log lines, and
   one line per failed rank, with every traceback and torchrun's full report
@@ -48,7 +50,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from . import _bootstrap
 
-__all__ = ["main", "split_paddle_options", "resolve_argv"]
+__all__ = ["main", "split_paddle_options", "resolve_argv", "oversubscription_warning"]
 
 _PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
 #: Seconds since the epoch when ``fleetlite launch`` started; read by recipes (``${launch_time:...}``).
@@ -194,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                                      *args.training_script_args]
         args.training_script = _bootstrap_path()
         args.module = False
+    try:
+        local = trun.determine_local_world_size(args.nproc_per_node)
+    except ValueError:
+        local = None  # torchrun refuses it itself
+    warning = None if local is None else oversubscription_warning(local, _cpu_cores(), _gpu_count())
+    if warning:
+        print(f"fleetlite launch: warning: {warning}", file=sys.stderr, flush=True)
     loud = verbose()
     saved = {k: os.environ.get(k) for k in (LAUNCH_TIME_VAR, LOG_VAR, "OMP_NUM_THREADS")}
     # one launch time for every worker and every restart (see the module doc); restored for in-process callers
@@ -245,6 +254,38 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 os.environ[k] = v
     return 0
+
+
+def oversubscription_warning(nproc: int, cpu_cores: int, gpus: int) -> str | None:
+    """The warning for ``nproc`` processes on a node with ``gpus`` GPUs (or, without one, ``cpu_cores`` cores).
+
+    >>> oversubscription_warning(256, cpu_cores=2, gpus=0)[:58]
+    '--nproc_per_node 256 starts 256 processes on 2 CPU cores: '
+    >>> oversubscription_warning(2, cpu_cores=2, gpus=0) is None
+    True
+    """
+    if gpus > 0 and nproc > gpus:
+        return (f"--nproc_per_node {nproc} starts {nproc} processes on {gpus} GPU(s): ranks would share GPUs "
+                f"(NCCL refuses that, and gloo runs slowly); use --nproc_per_node {gpus} or fewer")
+    if gpus == 0 and nproc > cpu_cores:
+        return (f"--nproc_per_node {nproc} starts {nproc} processes on {cpu_cores} CPU cores: every rank gets a "
+                f"fraction of a core and the run thrashes (many times slower than {cpu_cores} ranks); use "
+                f"--nproc_per_node {cpu_cores} or fewer, unless you only test multi-rank code")
+    return None
+
+
+def _cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, as taskset or a container sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _children() -> list[int]:

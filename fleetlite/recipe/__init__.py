@@ -2,9 +2,8 @@
 
 * :mod:`fleetlite.recipe.schema`    dataclass schemas of every config group, registered in Hydra's ConfigStore
 * :mod:`fleetlite.recipe.validate`  value checks and one-line config errors
-* :mod:`fleetlite.recipe.preflight` the command-line check and ONE run directory shared by all ranks
 * :mod:`fleetlite.recipe.build`     config -> data, model, optimizer, schedule, strategy, callbacks
-* :mod:`fleetlite.recipe.job`       a recipe's ``__main__``: the preflight, then the Hydra job on its config
+* :mod:`fleetlite.recipe.job`       a recipe's command: config composed once (Compose API), checked, one run dir
 * :mod:`fleetlite.recipe.run`       a job's start (device, run directory, resume) and finish (plot, report)
 * :mod:`fleetlite.utils.plot`       the training-curves PNG (shared with the Trainer's loggers)
 * :mod:`fleetlite.recipe.catalog`   the shipped recipes (fleetlite/recipes/) and configs (fleetlite/conf/)

@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fleetlite import callbacks as cb
+from fleetlite.distributed.agreement import from_rank0
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet.recompute import resolve_checkpoints
 from fleetlite.io import TensorLoader
@@ -32,7 +33,6 @@ from fleetlite.vision import datasets
 from fleetlite.vision.models import build_model as build_vision_model
 from fleetlite.vision.transforms import CIFAR10_MEAN, CIFAR10_STD
 
-from .preflight import agree
 from .runlog import EpochLog
 from .validate import CHECKPOINT_SUBDIR, ConfigError
 
@@ -111,7 +111,8 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
                rank: int = 0) -> Data:
     """Load (rank 0 first: it downloads) and wrap both splits in :class:`fleetlite.io.TensorLoader`.
 
-    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size // world_size``.
+    ``trainer.global_batch_size`` is global: each rank's loader takes ``global_batch_size / world_size`` (checked
+    to divide by :func:`~fleetlite.recipe.validate.check_config`).
     """
     splits: dict[str, Any] = {}
     error = None
@@ -120,7 +121,7 @@ def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, w
             splits = {m: _load_split(cfg, m, cfg[f"{m}_size"], bool(cfg.download)) for m in ("train", "test")}
         except ConfigError as e:
             error = str(e)
-    error = agree(error)
+    error = from_rank0(error)
     if error:
         raise ConfigError(error)
     if rank != 0:

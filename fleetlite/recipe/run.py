@@ -1,22 +1,19 @@
 """The life of one recipe job: where it runs and writes (start), and what it leaves behind (finish).
 
-``start_run`` is called first thing in the ``@hydra.main`` function. It
-asks the connector for the device and the process group (Note [one device,
-one process group]; under a launcher the preflight started the group),
-seeds every rank alike, and takes the run directory (Hydra's output
-directory, the same on every rank; only rank 0 writes there) and the
-checkpoint the preflight chose (a multirun job chooses its own). A resumed
-checkpoint file is read once: what choosing it read is handed to
-``fit(resume=...)`` as a ``LoadedCheckpoint``. ``finish_run`` draws the
-training curves and prints the final lines on rank 0.
+``start_run`` is called first thing by a recipe (``fleetlite.recipes.cifar10``). It asks the connector for
+the device and the process group (Note [one device, one process group]; under a launcher
+:mod:`fleetlite.recipe.job` started the group), seeds every rank alike, takes the job's directory (the same
+on every rank; only rank 0 writes there) and chooses the checkpoint ``resume=`` names: rank 0 chooses
+(:func:`~fleetlite.recipe.validate.choose_resume_checkpoint` reads a file to validate it), every rank gets
+its answer, and the file is read once per rank (:func:`read_resume_on_every_rank`), handed to
+``fit(resume=...)`` as a ``LoadedCheckpoint``. ``finish_run`` draws the training curves and prints the
+final lines on rank 0.
 
 Example::
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="cifar10")
-    def main(cfg):
-        run = start_run(cfg)
-        ...
-        finish_run(run, trainer.evaluate(data.test), plot=cfg.trainer.plot)
+    run = start_run(cfg)
+    ...
+    finish_run(run, trainer.evaluate(data.test), plot=cfg.trainer.plot)
 """
 
 from __future__ import annotations
@@ -31,13 +28,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fleetlite.distributed import all_gather_object, get_rank, get_world_size, is_initialized, read_env
+from fleetlite.distributed.agreement import from_rank0
 from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from fleetlite.trainer.connector import AgreedConfig, init_process_group
 from fleetlite.trainer.state import REQUIRED
 
 from ..utils import plot as curves
 from .build import METRICS_FILE, PLOT_FILE, apply_speed_flags, resolve_device
-from .preflight import Preflight, agree, take_preflight
 from .validate import CHECKPOINT_SUBDIR, ConfigError, choose_resume_checkpoint
 
 __all__ = ["Run", "start_run", "finish_run", "exit_if_preempted", "EXIT_PREEMPTED"]
@@ -62,8 +59,8 @@ class Run:
     device: torch.device
     dir: Path                   # the run directory, identical on every rank
     resume: Any                 # checkpoint to continue from: a LoadedCheckpoint (read once), a sharded dir, None
-    config: Any = None          # the job's config as plain values for Trainer(config=...): an AgreedConfig when
-                                # the preflight compared it across ranks (the Trainer does not compare it again)
+    config: Any = None          # the job's config as plain values for Trainer(config=...): an AgreedConfig
+                                # (recipe.job compared it across ranks; the Trainer does not compare it again)
 
     @property
     def is_main(self) -> bool:
@@ -72,60 +69,53 @@ class Run:
 
 def start_run(cfg: DictConfig) -> Run:
     """Process group, seed, device, run directory and resume checkpoint of this job (see the module doc)."""
-    from hydra.core.hydra_config import HydraConfig  # hydra: heavy, only inside a recipe's Hydra job
+    from hydra.core.hydra_config import HydraConfig  # hydra: heavy, only inside a recipe's job
 
     device = resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
-    init_process_group(cfg.device.value)  # the connector's: under a launcher the preflight already started it
+    init_process_group(cfg.device.value)  # the connector's: under a launcher recipe.job already started it
     speed = apply_speed_flags(cfg.trainer, device)
     with open_dict(cfg):  # what was applied goes into the run's recorded config
         cfg.trainer.cudnn_benchmark, cfg.trainer.allow_tf32 = speed["cudnn_benchmark"], speed["allow_tf32"]
     torch.manual_seed(int(cfg.seed))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    pre = take_preflight(run_dir)  # a single run: the preflight chose the checkpoint; a multirun job chooses here
-    agreed = pre is not None  # and the preflight compared the config across ranks
-    if pre is None:
-        pre = _choose_resume(cfg.resume, run_dir)
-    resume = _read_once(pre)
+    answer: dict[str, Any] = {}
+    chosen = None
+    if get_rank() == 0:  # rank 0 chooses (reading a file at most once); every rank gets its answer
+        try:
+            chosen = choose_resume_checkpoint(cfg.resume, run_dir)
+            answer = {"resume": None if chosen is None else os.fspath(chosen)}
+        except ConfigError as e:
+            answer = {"error": str(e)}
+    answer = from_rank0(answer)
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    resume = read_resume_on_every_rank(answer["resume"], chosen)
     if resume is not None and get_rank() == 0:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         what = f"elastic restart {restart}: " if restart else ""
         print(f"{what}resuming from {os.fspath(resume)}", flush=True)
-    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    config = AgreedConfig(plain) if agreed else plain
+    config = AgreedConfig(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return Run(get_rank(), get_world_size(), read_env().local_rank, device, run_dir, resume, config)
 
 
-def _choose_resume(resume: str | None, run_dir: Path) -> Preflight:
-    """Rank 0 chooses the checkpoint ``resume`` names (reading it at most once); every rank gets its answer."""
-    answer: dict[str, Any] = {}
-    chosen = None
-    if get_rank() == 0:
-        try:
-            chosen = choose_resume_checkpoint(resume, run_dir)
-            answer = {"resume": None if chosen is None else os.fspath(chosen)}
-        except ConfigError as e:
-            answer = {"error": str(e)}
-    answer = agree(answer)
-    if "error" in answer:
-        raise ConfigError(answer["error"])
-    return Preflight(run_dir, answer["resume"], chosen)
+def read_resume_on_every_rank(path: str | None, loaded: Any = None):
+    """The checkpoint to hand to ``fit(resume=...)``: a file read once on every rank (a ``LoadedCheckpoint``;
+    ``loaded`` is what rank 0 read while choosing it), a sharded checkpoint directory as its path (the Trainer
+    reads it). Every rank fails together, with the first failing rank's message.
 
-
-def _read_once(pre: Preflight):
-    """The checkpoint to hand to ``fit(resume=...)``: a file read once on every rank (a ``LoadedCheckpoint``; rank 0
-    may have read it already while choosing), a sharded checkpoint directory as its path (the Trainer reads it)."""
-    if pre.resume is None:
+    Swap for the checkpoint package's single "read on every rank, fail together" once it has one.
+    """
+    if path is None:
         return None
-    path = Path(pre.resume)
-    if path.is_dir():
-        return path
-    loaded, error = pre.loaded, None
+    if Path(path).is_dir():
+        return Path(path)
+    error = None
     if not isinstance(loaded, LoadedCheckpoint):
         try:
-            loaded = LoadedCheckpoint(path, load_checkpoint(path, require=REQUIRED))
+            loaded = LoadedCheckpoint(Path(path), load_checkpoint(path, require=REQUIRED))
         except CheckpointError as e:
             error = str(e)
-    if is_initialized():  # every rank fails together, with the first rank's message
+    if is_initialized():
         errors = [e for e in all_gather_object(error) if e is not None]
         error = errors[0] if errors else None
     if error is not None:

@@ -226,7 +226,7 @@ class CallbacksConfig:
 @dataclass
 class TrainerConfig:
     """``trainer/``: the loop's knobs. ``global_batch_size`` is the batch of one step over all ranks: each of N
-    ranks takes global_batch_size // N (``Trainer.fit(batch_size=)`` is per rank)."""
+    ranks takes global_batch_size / N, which must be whole (``Trainer.fit(batch_size=)`` is per rank)."""
 
     epochs: int = 10
     max_steps: int | None = None        # stop after this many optimizer steps (a slice; resume=latest continues)

@@ -38,7 +38,7 @@ from fleetlite.trainer.state import REQUIRED
 
 from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig
 
-__all__ = ["ConfigError", "check_config", "check_known_keys", "check_run_dir", "find_resume_checkpoint",
+__all__ = ["ConfigError", "check_config", "check_known_keys", "check_run_dir", "check_resume",
            "choose_resume_checkpoint", "check_restartable", "describe_compose_error", "CHECKPOINT_SUBDIR"]
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -143,6 +143,10 @@ def check_config(cfg: DictConfig, world_size: int = 1) -> None:
         _need(value >= world_size, f"trainer.{key}={value} is smaller than the number of ranks ({world_size}): "
                                    f"it is the global batch, split across ranks, so every rank would get none; "
                                    f"set trainer.{key}={world_size} or more")
+    g, n = t.global_batch_size, world_size
+    _need(g % n == 0, f"trainer.global_batch_size={g} does not divide among {n} ranks: each rank takes an equal "
+                      f"share of the global batch, so {g} would train with {g // n * n}; set "
+                      f"trainer.global_batch_size to a multiple of {n}, e.g. {g // n * n} or {-(-g // n) * n}")
     for key in ("eval_freq", "log_freq", "save_freq"):
         _need(t[key] >= 1, f"trainer.{key}={t[key]} must be at least 1 (every N epochs/steps)")
     for key in ("save_steps", "keep_last"):
@@ -189,19 +193,31 @@ def _check_strategy(node: DictConfig, world_size: int) -> None:
         raise ConfigError(f"strategy: {text}") from None
 
 
-def find_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint ``resume`` names: None, the newest one in ``run_dir/checkpoints`` ("latest"; "auto" is the
-    same but starts afresh when there is none yet), or a path."""
-    found = choose_resume_checkpoint(resume, run_dir)
-    return None if found is None else Path(found)
+def check_resume(resume: str | None, run_dir: str | os.PathLike) -> None:
+    """The refusals of :func:`choose_resume_checkpoint` that need no reading, made before anything is written:
+    a fresh run over an earlier run's checkpoints, ``resume=latest`` with none, a path that does not exist."""
+    ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
+    if resume is None or str(resume).strip() == "":
+        _refuse_overwrite(ckpt_dir)
+    elif str(resume) == "latest":
+        if not ckpt_dir.is_dir() or not (list_checkpoints(ckpt_dir) or find_latest(ckpt_dir)):
+            raise ConfigError(f"resume=latest but {ckpt_dir} holds no checkpoint: point run_dir= at the "
+                              "directory of the run to continue, or drop resume= to start afresh")
+    elif str(resume) != "auto" and not Path(resume).is_file() and not is_checkpoint_dir(Path(resume)):
+        raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
+                          "resume=latest with run_dir=<the earlier run>")
 
 
 def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
-    """As :func:`find_resume_checkpoint`, keeping what choosing read: ``latest``/``auto`` validate a checkpoint
-    file by loading it, so a file comes back as a ``LoadedCheckpoint`` (path and state, read once here); a
-    sharded checkpoint directory, or a path given by the user (checked to exist, not read), as a ``Path``."""
+    """The checkpoint ``resume`` names: None (a fresh start; ``auto`` too when there is none yet), the newest in
+    ``run_dir/checkpoints`` (``latest``, ``auto``) or a path. ``latest``/``auto`` validate a file by loading it:
+    it comes back as a ``LoadedCheckpoint`` (read once here); a sharded checkpoint directory, or a path given by
+    the user (checked to exist, not read), as a ``Path``.
+
+    Its newest-of-either-kind (:func:`_newest`) and overwrite guard (:func:`_refuse_overwrite`) are the
+    recipe's own: swap them for the checkpoint package's single versions once it has them."""
+    check_resume(resume, run_dir)
     if resume is None or str(resume).strip() == "":
-        _refuse_overwrite(Path(run_dir) / CHECKPOINT_SUBDIR)
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
@@ -209,17 +225,11 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
             found = _newest(ckpt_dir) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
             raise ConfigError(f"resume={resume}: {e}; pass resume=<path of a good checkpoint> instead") from None
-        if found is None and str(resume) == "auto":
-            return None  # nothing to continue yet: a fresh start (restartable jobs pass resume=auto)
-        if found is None:
-            raise ConfigError(f"resume=latest but {ckpt_dir} holds no checkpoint: point run_dir= at the "
+        if found is None and str(resume) == "latest":
+            raise ConfigError(f"resume=latest but {ckpt_dir} holds no valid checkpoint: point run_dir= at the "
                               "directory of the run to continue, or drop resume= to start afresh")
-        return found
-    path = Path(resume)
-    if not path.is_file() and not is_checkpoint_dir(path):
-        raise ConfigError(f"resume={resume}: no such checkpoint file; give an existing .pt file, or "
-                          "resume=latest with run_dir=<the earlier run>")
-    return path
+        return found  # auto with nothing to continue yet: None, a fresh start (restartable jobs pass resume=auto)
+    return Path(resume)
 
 
 def _newest(ckpt_dir: Path):

@@ -12,7 +12,7 @@ from faults_helpers import RECIPE_ARGS, WRAPPER, assert_bit_identical, final_mod
 
 from fleetlite.distributed.launch import LAUNCH_TIME_VAR
 from fleetlite.recipe import schema
-from fleetlite.recipe.preflight import EXIT_CONFIG, prepare_cli
+from fleetlite.recipe.job import EXIT_CONFIG, plan
 from fleetlite.recipe.validate import ConfigError, check_restartable
 from fleetlite.testing import run_launch
 
@@ -66,13 +66,13 @@ def test_preflight_refuses_a_plain_torchrun_elastic_job_with_the_default_run_dir
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(SystemExit) as info:
-        prepare_cli(CONF, "cifar10", ["data=synthetic", "resume=auto"])
+        plan(CONF, "cifar10", ["data=synthetic", "resume=auto"])
     assert info.value.code == EXIT_CONFIG
     assert "plain torchrun does not keep across restarts" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv(LAUNCH_TIME_VAR, "1700000000.5")  # as under fleetlite launch: the launch time, pinned
-    args = prepare_cli(CONF, "cifar10", ["data=synthetic", "resume=auto"])
-    assert args[-1] == f"run_dir=outputs/{schema.launch_time('%Y-%m-%d')}/{schema.launch_time('%H-%M-%S')}"
+    (job,) = plan(CONF, "cifar10", ["data=synthetic", "resume=auto"])
+    assert job.cfg.run_dir == f"outputs/{schema.launch_time('%Y-%m-%d')}/{schema.launch_time('%H-%M-%S')}"
     assert schema.LAUNCH_TIME_VAR == LAUNCH_TIME_VAR
 
 

@@ -14,8 +14,8 @@ from fleetlite.recipe.validate import (
     ConfigError,
     check_config,
     check_run_dir,
+    choose_resume_checkpoint,
     describe_compose_error,
-    find_resume_checkpoint,
 )
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -136,12 +136,12 @@ def test_batch_size_equal_to_ranks_is_fine():
 
 
 def test_resume_latest_without_checkpoint_and_missing_path(tmp_path):
-    assert find_resume_checkpoint(None, tmp_path) is None
-    assert find_resume_checkpoint("auto", tmp_path) is None  # auto: a fresh start when nothing is there yet
+    assert choose_resume_checkpoint(None, tmp_path) is None
+    assert choose_resume_checkpoint("auto", tmp_path) is None  # auto: a fresh start when nothing is there yet
     with pytest.raises(ConfigError, match="resume=latest but .*checkpoints holds no checkpoint"):
-        find_resume_checkpoint("latest", tmp_path)
+        choose_resume_checkpoint("latest", tmp_path)
     with pytest.raises(ConfigError, match="no such checkpoint file"):
-        find_resume_checkpoint(str(tmp_path / "nope.pt"), tmp_path)
+        choose_resume_checkpoint(str(tmp_path / "nope.pt"), tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")

@@ -1,4 +1,5 @@
-"""The recipe's command-line check: every kind of bad input stops with one line and exit status 2."""
+"""The recipe's command line (fleetlite.recipe.job.plan): every kind of bad input stops with one line and exit
+status 2; a good one gives each job its config, composed once, with one run directory pinned for every rank."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetlite.recipe.preflight import EXIT_CONFIG, prepare_cli
+from fleetlite.recipe.job import EXIT_CONFIG, plan
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -21,7 +22,7 @@ def _argv(monkeypatch):
 
 def refused(capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as info:
-        prepare_cli(CONF, "cifar10", list(args))
+        plan(CONF, "cifar10", list(args))
     assert info.value.code == EXIT_CONFIG
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -61,29 +62,28 @@ def test_unwritable_run_dir(capsys, tmp_path):
 
 def test_good_command_line_pins_the_run_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = prepare_cli(CONF, "cifar10", ["data=synthetic"])
-    assert args[0] == "data=synthetic" and args[1].startswith("run_dir=outputs/")
-    assert sys.argv[1:] == args
-    assert Path(args[1].split("=", 1)[1]).is_dir()  # created (and proved writable) before Hydra starts
+    (job,) = plan(CONF, "cifar10", ["data=synthetic"])
+    assert job.cfg.data.name.value == "synthetic" and job.cfg.run_dir.startswith("outputs/")
+    assert job.dir == tmp_path / job.cfg.run_dir and list(job.config.hydra.overrides.task) == ["data=synthetic"]
+    assert job.dir.is_dir()  # created (and proved writable) before the job starts; sys.argv is left alone
+    assert sys.argv == ["cifar10.py"]
 
 
 def test_user_run_dir_is_kept_once(tmp_path):
-    args = prepare_cli(CONF, "cifar10", [f"run_dir={tmp_path}/a", "-m", "optim.lr=0.1,0.2"])
-    assert args == ["--multirun", "optim.lr=0.1,0.2", f"run_dir={tmp_path}/a"]
+    jobs = plan(CONF, "cifar10", [f"run_dir={tmp_path}/a", "-m", "optim.lr=0.1,0.2"])
+    assert [(j.cfg.run_dir, j.dir, j.cfg.optim.lr) for j in jobs] == [
+        (f"{tmp_path}/a", tmp_path / "a" / "0", 0.1), (f"{tmp_path}/a", tmp_path / "a" / "1", 0.2)]
+    assert (tmp_path / "a" / "multirun.yaml").is_file()
 
 
 def test_informational_flags_pass_through(tmp_path):
-    args = ["--cfg", "job", "trainer.epochs=abc"]
-    assert prepare_cli(CONF, "cifar10", list(args)) == args
-    assert prepare_cli(CONF, "cifar10", ["--help"]) == ["--help"]
+    assert plan(CONF, "cifar10", ["--cfg", "job", "trainer.epochs=abc"]) is None  # hydra.main prints them
+    assert plan(CONF, "cifar10", ["--help"]) is None
 
 
-def test_run_dir_with_spaces_is_quoted_for_hydra(tmp_path):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    args = prepare_cli(CONF, "cifar10", [f"run_dir='{tmp_path}/a b'"])
-    (override,) = OverridesParser.create().parse_overrides(args)
-    assert override.value() == f"{tmp_path}/a b" and (tmp_path / "a b").is_dir()
+def test_run_dir_with_spaces_is_kept_as_one_value(tmp_path):
+    (job,) = plan(CONF, "cifar10", [f"run_dir='{tmp_path}/a b'"])
+    assert job.cfg.run_dir == f"{tmp_path}/a b" and (tmp_path / "a b").is_dir()
 
 
 @pytest.mark.parametrize("override", ["trainer.batch_size=64", "+trainer.batch_size=64"])

@@ -171,6 +171,12 @@ def _schema_default(annotation: Any, default: Any) -> Any:
     return field(default=default)
 
 
+def _schema_field(name: str, value_type: Any, default: Any) -> tuple[str, Any, Any]:
+    """One schema field; the annotation is built once, so a choice's Enum and its default are the same class."""
+    annotation = _schema_type(value_type)
+    return name, annotation, _schema_default(annotation, default)
+
+
 def _make_schema(name: str, doc: str, fields: list[tuple[str, Any, Any]]) -> type:
     cls = make_dataclass(name, fields)
     cls.__module__, cls.__qualname__, cls.__doc__ = __name__, name, doc
@@ -185,12 +191,11 @@ def _strategy_schemas() -> dict[str, type]:
     for name, entry in DistributedStrategy.field_table().items():
         if isinstance(entry, dict):
             cls_name = "".join(part.capitalize() for part in name.split("_"))  # amp_configs -> AmpConfigs
-            keys = [(k, _schema_type(t), _schema_default(_schema_type(t), d)) for k, (t, d) in entry.items()]
+            keys = [_schema_field(k, t, d) for k, (t, d) in entry.items()]
             out[cls_name] = _make_schema(cls_name, f"``strategy.{name}``: DistributedStrategy's {name}.", keys)
             top.append((name, out[cls_name], field(default_factory=out[cls_name])))
         else:
-            t, d = entry
-            top.append((name, _schema_type(t), _schema_default(_schema_type(t), d)))
+            top.append(_schema_field(name, *entry))
     out["StrategyConfig"] = _make_schema("StrategyConfig", "``strategy/``: a ``fleet.DistributedStrategy`` in YAML "
                                          "(Paddle's names), field for field.", top)
     return out

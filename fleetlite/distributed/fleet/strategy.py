@@ -149,7 +149,7 @@ class DistributedStrategy:
         """
         def section_table(spec: Mapping[str, Any]) -> dict[str, Any]:
             return {k: _cfg.nested_schema(k, e) if isinstance(e, dict)
-                    else (_cfg.schema_type(e[1]), copy.deepcopy(e[0])) for k, e in spec.items()}
+                    else (e[1].value_type, copy.deepcopy(e[0])) for k, e in spec.items()}
 
         table: dict[str, Any] = {}
         for name, (default, check, _) in FLAGS.items():

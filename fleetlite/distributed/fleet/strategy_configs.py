@@ -12,7 +12,7 @@ from typing import Any
 
 from .strategy_fields import CONFIGS
 
-__all__ = ["ConfigView", "suggest", "defaults", "spec_at", "diff", "schema_type", "nested_schema"]
+__all__ = ["ConfigView", "suggest", "defaults", "spec_at", "diff", "nested_schema"]
 
 
 def suggest(name: str, valid: Sequence[str]) -> str:
@@ -42,17 +42,6 @@ def diff(values: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
         elif values[key] != entry[0]:
             out[key] = values[key]
     return out
-
-
-def schema_type(check: Any) -> Any:
-    """``check.value_type``, except that a choice of strings other than the AMP dtypes is reported as ``str``: the
-    recipe's generator builds a fresh Enum per call for such a choice (its annotation and its default then differ);
-    ``from_dict`` still checks the value. Drop this once the generator builds each Enum once."""
-    value_type = check.value_type
-    if isinstance(value_type, tuple) and all(isinstance(v, str) for v in value_type) \
-            and set(value_type) != {"float16", "bfloat16"}:
-        return str
-    return value_type
 
 
 def nested_schema(name: str, spec: Mapping[str, Any]) -> tuple[type, Any]:

@@ -14,8 +14,9 @@ evaluation schedule    after epochs with                    after epochs with
                        ``epoch % eval_freq == 0``            ``(epoch + 1) % eval_freq == 0``
 ``fit(save_dir)``      ``{save_dir}/{epoch}.pdparams/.pdopt`` full-state ``epoch-NNNN.pt``, ``latest.pt``
                        (``epoch % save_freq == 0``), ``final``
-LR scheduler           stepped per batch by default          only with an ``LRScheduler`` callback
-                       (``LRScheduler(by_step=True)`` added)
+LR scheduler           stepped after every batch (also        only with an ``LRScheduler`` callback
+                       inside an accumulation window, as     (per optimizer step or per epoch)
+                       Paddle; ``LRScheduler()`` added)
 gradient accumulation  gradients summed (Paddle)             mean over the micro-batches
 ``evaluate`` result    ``{'loss': [value], 'acc': ...}``     ``{'loss': value, 'acc': ...}``
 batch/predict outputs  numpy arrays                          torch tensors

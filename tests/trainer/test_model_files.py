@@ -11,6 +11,9 @@ from test_hapi_model import MyDataset, _model
 import fleetlite
 
 
+UNSAFE = "(?i)weights_only|refusing|unpickl|not a fleetlite checkpoint|unsupported"
+
+
 class Payload:
     """Unpickling this runs ``builtins.exec`` with a statement that creates a marker file."""
 
@@ -62,13 +65,13 @@ def test_crafted_files_run_no_code(tmp_path, bad):
         prefix = tmp_path / "evil"
         target = tmp_path / "evil.pt"
     torch.save({"x": Payload(marker)} if bad != ".pt" else {"model": Payload(marker)}, target)
-    with pytest.raises(Exception, match="(?i)weights_only|refusing|unpickl|not a fleetlite checkpoint|unsupported"):
+    with pytest.raises(Exception, match=UNSAFE):
         model.load(str(prefix))
     assert not marker.exists()
     if bad == ".pt":
-        with pytest.raises(Exception):
+        with pytest.raises(Exception, match=UNSAFE):
             model.trainer.load(str(target))  # the Trainer's loader too
         t = fleetlite.Trainer(torch.nn.Linear(20, 10), device="cpu")
-        with pytest.raises(Exception):
+        with pytest.raises(Exception, match=UNSAFE):
             t.load(str(target))
         assert not marker.exists()

@@ -10,7 +10,6 @@ from test_hapi_model import MyDataset, _model
 
 import fleetlite
 
-
 UNSAFE = "(?i)weights_only|refusing|unpickl|not a fleetlite checkpoint|unsupported"
 
 

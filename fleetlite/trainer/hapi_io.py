@@ -70,16 +70,37 @@ def _optimizer_state(trainer) -> dict[str, Any] | None:
     return opt.state_dict() if opt is not None else None
 
 
+def _sharded(trainer) -> bool:
+    """Whether the run shards weights or optimizer state (the strategy says so), so a save must be collective."""
+    strategy = trainer.strategy
+    return strategy is not None and strategy.sharding_enabled and collective.is_initialized()
+
+
 def save_prefix(trainer, path: str) -> None:
-    """Write ``{path}.pdparams`` and ``{path}.pdopt``; collective (Note [collective hapi save]), rank 0 writes."""
+    """Write ``{path}.pdparams`` and ``{path}.pdopt``; rank 0 writes.
+
+    Under sharding it is collective (Note [collective hapi save]): every rank calls it, and it returns on every
+    rank once rank 0 has written (or raises on every rank when rank 0 could not). Without sharding nothing is
+    gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
+    """
     path = strip_postfix(os.fspath(path))
+    together = _sharded(trainer)
     weights = trainer.get_weights()  # collective under sharding
     opt_state = _optimizer_state(trainer)  # collective under sharding
-    if collective.get_rank() != 0:
-        return
-    _atomic_torch_save(weights, path + ".pdparams")
-    if opt_state:
-        _atomic_torch_save(opt_state, path + ".pdopt")
+    error = None
+    if collective.get_rank() == 0:
+        try:
+            _atomic_torch_save(weights, path + ".pdparams")
+            if opt_state:
+                _atomic_torch_save(opt_state, path + ".pdopt")
+        except OSError as e:
+            if not together:
+                raise
+            error = f"rank 0 could not write {path}.pdparams/.pdopt: {e}"
+    if together:  # also the barrier: the files exist when save returns, on every rank
+        error = collective.all_gather_object(error)[0]
+        if error is not None:
+            raise OSError(f"{error}; check that the directory is writable and has space")
 
 
 def _missing(path: str, prefix: str) -> ValueError:

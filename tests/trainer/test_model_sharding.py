@@ -44,6 +44,7 @@ def _run(rank, world, root, stage):
     model.prepare(torch.optim.AdamW(net.parameters(), lr=0.01), torch.nn.CrossEntropyLoss())
     model.fit(_Data(), batch_size=8 // world, epochs=2, shuffle=False, save_dir=f"{root}/fit", verbose=0)
     model.save(f"{root}/saved")
+    model.save(f"{root}/infer", training=False)  # the inference weights: gathered from the shards as well
     weights = model.trainer.get_weights()
     net2 = _net()
     other = fleetlite.Model(net2)
@@ -67,8 +68,10 @@ def test_model_saves_and_loads_under_sharding(tmp_path, stage):
     for k, v in ref_opt["state"].items():
         for name in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(opt["state"][k][name], v[name], rtol=1e-4, atol=1e-6)
+    infer = torch.load(tmp_path / "sh" / "infer.pt", weights_only=True)["model"]
     for weights, loaded in results:
         for k in ref_w:
             torch.testing.assert_close(saved[k], weights[k])  # the file holds the full weights
+            torch.testing.assert_close(infer[k], weights[k])
             torch.testing.assert_close(weights[k], ref_w[k], rtol=1e-4, atol=1e-6)  # = the plain run
             torch.testing.assert_close(loaded[k], weights[k])  # load() put them back on every rank

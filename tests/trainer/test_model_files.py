@@ -6,7 +6,7 @@ import builtins
 import numpy as np
 import pytest
 import torch
-from test_hapi_model import MyDataset, _model
+from test_model import MyDataset, _model
 
 import fleetlite
 

@@ -1,4 +1,4 @@
-"""The callback tests share tests/trainer's helpers (``trainer_helpers``, ``test_hapi_model``'s Paddle model)."""
+"""The callback tests share tests/trainer's helpers (``trainer_helpers``, ``test_model``'s Paddle model)."""
 
 import os
 import sys

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from test_hapi_model import CrossEntropyLoss, MyDataset, MyModel, _model
+from test_model import CrossEntropyLoss, MyDataset, MyModel, _model
 from trainer_helpers import dataset, trainer
 
 import fleetlite

@@ -8,7 +8,7 @@ optimizer step, and the rate an optimizer step uses is the one after the batches
 
 import pytest
 import torch
-from test_hapi_model import MyDataset, _model
+from test_model import MyDataset, _model
 
 from fleetlite.callbacks import Callback
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_hapi_model import MyDataset, MyModel, _model
+from test_model import MyDataset, MyModel, _model
 from trainer_helpers import dataset, trainer
 
 import fleetlite

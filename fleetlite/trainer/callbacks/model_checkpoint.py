@@ -9,7 +9,7 @@ callbacks of that hook returned, at an optimizer-step boundary. Anything else
 that needs a checkpoint at the next step boundary (e.g. a pre-emption
 handler) uses the same ``request_save``.
 
-Public through :mod:`fleetlite.callbacks`.
+Public through :mod:`fleetlite.trainer.callbacks` (Paddle's ``ModelCheckpoint`` is :mod:`fleetlite.callbacks`').
 """
 
 from __future__ import annotations

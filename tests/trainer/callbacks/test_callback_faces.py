@@ -135,3 +135,10 @@ def test_paddle_loss_sum_under_model_prepare_replaces_all():
     m.prepare(torch.optim.SGD(net.parameters(), 0.1), CrossEntropyLoss())
     m.prepare()  # Paddle: each call replaces all four
     assert m._optimizer is None and m._loss is None and m._metrics == []
+
+
+def test_paddle_monitor_with_keras_name_says_what_to_do():
+    t = trainer()
+    with pytest.warns(UserWarning, match="without the val_ prefix \\(monitor='loss'\\)"):
+        t.fit(dataset(16), eval_data=dataset(8, 2), epochs=1, batch_size=8, verbose=0,
+              callbacks=[P.EarlyStopping(monitor="val_loss")])

@@ -10,6 +10,7 @@ from typing import Any
 from ...hapi_io import save_prefix
 from ..base import Callback, is_rank_zero
 from ..monitor import MonitorMixin, monitor_value, resolve_mode
+from .hints import evaluation_hint
 
 __all__ = ["EarlyStopping"]
 
@@ -68,7 +69,8 @@ class EarlyStopping(MonitorMixin, Callback):
         if not self.trainer.fitting:  # a standalone evaluate() is not an epoch of fit
             return
         if logs is None or self.monitor not in logs:
-            warnings.warn("Monitor of EarlyStopping should be loss or metric name.", stacklevel=2)
+            hint = evaluation_hint(self.monitor, logs)
+            warnings.warn(f"Monitor of EarlyStopping should be loss or metric name.{hint}", stacklevel=2)
             return
         current = monitor_value(logs, self.monitor)
         if current is None:

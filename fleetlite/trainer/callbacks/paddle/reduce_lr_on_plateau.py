@@ -7,6 +7,7 @@ import warnings
 
 from ..base import Callback
 from ..reduce_lr_on_plateau import PlateauRule
+from .hints import evaluation_hint
 
 __all__ = ["ReduceLROnPlateau"]
 
@@ -38,6 +39,7 @@ class ReduceLROnPlateau(PlateauRule, Callback):
         if not self.trainer.fitting:  # a standalone evaluate() is not an epoch of fit
             return
         if logs is None or self.monitor not in logs:
-            warnings.warn("Monitor of ReduceLROnPlateau should be loss or metric name.", stacklevel=2)
+            hint = evaluation_hint(self.monitor, logs)
+            warnings.warn(f"Monitor of ReduceLROnPlateau should be loss or metric name.{hint}", stacklevel=2)
             return
         self._observe(logs)

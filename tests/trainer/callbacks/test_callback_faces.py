@@ -142,3 +142,16 @@ def test_paddle_monitor_with_keras_name_says_what_to_do():
     with pytest.warns(UserWarning, match="without the val_ prefix \\(monitor='loss'\\)"):
         t.fit(dataset(16), eval_data=dataset(8, 2), epochs=1, batch_size=8, verbose=0,
               callbacks=[P.EarlyStopping(monitor="val_loss")])
+
+
+def test_reduce_lr_on_plateau_follows_its_class():
+    # Paddle's class under the Trainer: evaluations 0..6 on the evaluation 'loss', reduced at 2, 4, 6
+    t = trainer(lr=1e-12)
+    t.fit(dataset(16), eval_data=dataset(8, 2), epochs=7, batch_size=8, verbose=0,
+          callbacks=[P.ReduceLROnPlateau(patience=2, factor=0.5, verbose=0)])
+    assert t.user_optimizer.param_groups[0]["lr"] == pytest.approx(1e-12 * 0.5 ** 3)
+    # Keras' class under the Model: epoch logs ('val_loss'), patience 1: reduced at epochs 1 and 2
+    m, _ = _model(lr=1e-12)
+    m.fit(MyDataset(), MyDataset(8, 1), batch_size=8, epochs=3, verbose=0,
+          callbacks=[K.ReduceLROnPlateau("val_loss", factor=0.5, patience=1)])
+    assert m._optimizer.param_groups[0]["lr"] == pytest.approx(1e-12 * 0.5 ** 2)

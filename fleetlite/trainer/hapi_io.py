@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -109,17 +110,19 @@ def _missing(path: str, prefix: str) -> ValueError:
                       "check the path")
 
 
-def load_prefix(trainer, path: str, skip_mismatch: bool, reset_optimizer: bool) -> None:
+def load_prefix(trainer, path: str, skip_mismatch: bool, reset_optimizer: bool,
+                other: Callable[[str, bool, bool], Any] | None = None) -> None:
     """Paddle's ``Model.load``: the parameters of ``{path}.pdparams`` and, unless ``reset_optimizer``, the optimizer
     state of ``{path}.pdopt``. Without ``.pdparams``: what ``save(path, training=False)`` wrote (``{path}.pt``) or
-    a fleetlite checkpoint at ``path``, through ``trainer.load``."""
+    a fleetlite checkpoint at ``path``, read by ``other(path, skip_mismatch, reset_optimizer)`` (default:
+    ``trainer.load``, the Trainer's loader)."""
     path = os.fspath(path)
     prefix = strip_postfix(path)
     params_path = prefix + ".pdparams"
     if not os.path.isfile(params_path):
         for candidate in (prefix + ".pt", path):
             if os.path.exists(candidate) and candidate != params_path:
-                trainer.load(candidate, skip_mismatch, reset_optimizer)
+                (other or trainer.load)(candidate, skip_mismatch, reset_optimizer)
                 return
         raise _missing(path, prefix)
     state = safe_load(params_path)

@@ -40,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,7 +53,7 @@ from .callbacks.paddle.config import paddle_fit_callbacks
 from .clipping import clip_gradients, resolve_grad_clip
 from .data_adapter import DataAdapter, LimitedAdapter, build_adapter
 from .hapi_amp import amp_strategy
-from .hapi_io import load_prefix, save_prefix
+from .hapi_trainer import HapiTrainer, to_list
 from .keras_fit import check_call_order
 from .metrics import Metric
 from .summary import summary
@@ -62,12 +61,6 @@ from .torchmetrics_adapter import is_torchmetric
 from .trainer import Trainer
 
 __all__ = ["Model", "check_call_order"]
-
-def _to_list(x: Any) -> list:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
 
 def _numpy(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -81,7 +74,7 @@ def _numpy(x: Any) -> Any:
 def _verify_spec(specs: Any, kind: str) -> list | None:
     if specs is None:
         return None
-    specs = _to_list(specs)
+    specs = to_list(specs)
     for i, s in enumerate(specs):
         if getattr(s, "name", "") is None:
             raise ValueError(f"Model({kind}=...): {kind}[{i}] needs a name (Paddle's rule for InputSpec), got "
@@ -89,65 +82,9 @@ def _verify_spec(specs: Any, kind: str) -> list | None:
     return specs
 
 
-def _n_forward_inputs(network: nn.Module) -> int | None:
-    """Positional parameters of ``forward`` (Paddle: one input per argument name), None with ``*args``."""
-    try:
-        params = inspect.signature(network.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    n = 0
-    for p in params:
-        if p.kind == p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            n += 1
-    return n
-
-
-class _PaddleTrainer(Trainer):
-    """The Trainer that runs a :class:`Model`: Paddle's batch split, loss call, evaluation schedule and summed
-    gradient accumulation, through the Trainer's documented overridables. Callbacks see it as ``self.model``
-    / ``self.trainer``; it also answers Paddle's attribute names (``_optimizer``, ``_loss``, ``_metrics``)."""
-
-    merge_avg = False  # Paddle sums the gradients of merged (accumulated) batches
-
-    def __init__(self, network: nn.Module, n_inputs: int | None) -> None:
-        super().__init__(network)
-        self._n_inputs = n_inputs
-
-    @property
-    def _optimizer(self):
-        return self.user_optimizer
-
-    @property
-    def _loss(self):
-        return self.loss_fn
-
-    @property
-    def _metrics(self):
-        return self.metrics
-
-    def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """Paddle's split: the first ``len(inputs)`` fields are inputs, the rest labels."""
-        data = list(batch) if isinstance(batch, (list, tuple)) else [batch]
-        n = self._n_inputs if self._n_inputs is not None else _n_forward_inputs(self.network)
-        if n is None or n >= len(data) and len(data) > 1:
-            return super().split_batch(batch)
-        return tuple(data[:n]), tuple(data[n:])
-
-    def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
-        """Paddle: ``loss(*outputs, *labels)``; a loss returning several values is summed."""
-        losses = _to_list(self.loss_fn(*_to_list(outputs), *labels))
-        return losses[0] if len(losses) == 1 else torch.stack([torch.as_tensor(v).sum() for v in losses]).sum()
-
-    def eval_due(self, epoch: int, eval_freq: int) -> bool:
-        """Paddle: evaluate after epochs with ``epoch % eval_freq == 0``."""
-        return epoch % eval_freq == 0
-
-
 def _with_progbar(callbacks: Any, log_freq: int, verbose: int) -> list[Callback]:
     """The user's callbacks with Paddle's ``ProgBarLogger(log_freq, verbose)`` first (unless a display is given)."""
-    cbks = _to_list(callbacks)
+    cbks = to_list(callbacks)
     if verbose and not any(isinstance(k, ProgressBar) for k in cbks):
         cbks = [ProgBarLogger(log_freq, verbose=verbose), *cbks]
     return cbks
@@ -178,7 +115,7 @@ class Model:
     def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None) -> None:
         self._inputs = _verify_spec(inputs, "inputs")
         self._labels = _verify_spec(labels, "labels")
-        self._trainer = _PaddleTrainer(network, len(self._inputs) if self._inputs is not None else None)
+        self._trainer = HapiTrainer(network, len(self._inputs) if self._inputs is not None else None)
         self._ran = False
         self._amp_level = "O0"
 
@@ -234,18 +171,18 @@ class Model:
         if loss is not None and not callable(loss):
             raise TypeError("'loss' must be a torch.nn.Module or any callable function, got "
                             f"{type(loss).__name__}")
-        for m in _to_list(metrics):
+        for m in to_list(metrics):
             if not (isinstance(m, Metric) or is_torchmetric(m)):
                 raise AssertionError(f"{type(m).__name__} is not sub class of Metric")
         t = self._trainer
         self._amp_level, strategy = amp_strategy(amp_configs, t.device)
-        t.compile(optimizer, loss, _to_list(metrics) or None, strategy)
+        t.compile(optimizer, loss, to_list(metrics) or None, strategy)
         # Paddle replaces all four: what was not passed is unset (compile keeps it)
         if optimizer is None:
             t.user_optimizer, t.optimizer = None, None
         if loss is None:
             t.loss_fn = None
-        if not _to_list(metrics):
+        if not to_list(metrics):
             t.metrics = []
         t.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
                                                                                            None))
@@ -253,17 +190,17 @@ class Model:
     # -- batches ---------------------------------------------------------------------------------------------
     def _batch_tensors(self, values: Any) -> list[torch.Tensor]:
         out = []
-        for v in _to_list(values):
+        for v in to_list(values):
             t = torch.from_numpy(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
             out.append(t.to(self._trainer.device))
         return out
 
     def _batch_metrics(self, outputs: Any, labels: list[torch.Tensor]) -> list[Any]:
         res = []
-        outs = [o.detach() for o in _to_list(outputs)]
+        outs = [o.detach() for o in to_list(outputs)]
         for m in self._trainer.metrics:
             r = m.compute(*outs, *labels)
-            res.append(m.update(*_to_list(r)))
+            res.append(m.update(*to_list(r)))
         return res
 
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> Any:
@@ -314,7 +251,7 @@ class Model:
         inputs = self._batch_tensors(inputs)
         self._ran = True
         t.network.eval()
-        return [_numpy(o) for o in _to_list(t.network(*inputs))]
+        return [_numpy(o) for o in to_list(t.network(*inputs))]
 
     # -- loops -----------------------------------------------------------------------------------------------
     def fit(self, train_data: Any = None, eval_data: Any = None, batch_size: int | Sequence[int] = 1,
@@ -397,7 +334,7 @@ class Model:
         """
         path = os.fspath(path)
         if training:
-            save_prefix(self._trainer, path)
+            self._trainer.save(path)
             return
         if os.path.basename(path) == "":
             raise ValueError(f"The input path MUST be format of dirname/file_prefix [dirname\\file_prefix in "
@@ -406,7 +343,7 @@ class Model:
             raise RuntimeError("Model.save(training=False) needs the input shapes: pass Model(net, inputs=[...]) "
                                "or run the model first (fit, evaluate, predict or a *_batch call)")
         self._trainer.setup()
-        self._trainer.save(path, training=False)
+        self._trainer.save(path, training=False)  # the Trainer's inference weights file, {path}.pt
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Paddle's ``Model.load`` of ``{path}.pdparams`` (and ``.pdopt`` unless ``reset_optimizer``).
@@ -415,7 +352,7 @@ class Model:
         skipped with a warning. What ``save(path, training=False)`` wrote (``{path}.pt``) and a fleetlite
         checkpoint file are accepted too. Every file is read with ``weights_only=True`` (no code runs).
         """
-        load_prefix(self._trainer, os.fspath(path), skip_mismatch, reset_optimizer)
+        self._trainer.load(path, skip_mismatch, reset_optimizer)
 
     def summary(self, input_size: Any = None, dtype: Any = None) -> dict[str, int]:
         """Paddle's ``Model.summary``: per-layer table; returns ``{'total_params', 'trainable_params'}``."""

@@ -155,3 +155,21 @@ def test_reduce_lr_on_plateau_follows_its_class():
     m.fit(MyDataset(), MyDataset(8, 1), batch_size=8, epochs=3, verbose=0,
           callbacks=[K.ReduceLROnPlateau("val_loss", factor=0.5, patience=1)])
     assert m._optimizer.param_groups[0]["lr"] == pytest.approx(1e-12 * 0.5 ** 2)
+
+
+class SaveEachEpoch(K.Callback):
+    """Paddle's documented custom-callback pattern: ``self.model.save('{dir}/{epoch}')``."""
+
+    def __init__(self, save_dir):
+        super().__init__()
+        self.save_dir = save_dir
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.save(f"{self.save_dir}/{epoch}")
+
+
+def test_custom_paddle_callback_saves_paddle_files_under_the_model(tmp_path):
+    m, _ = _model()
+    m.fit(MyDataset(), batch_size=8, epochs=2, verbose=0, callbacks=[SaveEachEpoch(str(tmp_path))])
+    assert sorted(os.listdir(tmp_path)) == ["0.pdopt", "0.pdparams", "1.pdopt", "1.pdparams"]
+    m.load(str(tmp_path / "1"))

@@ -1,9 +1,9 @@
-"""fleetlite.trainer: the Keras-style Trainer, its callbacks, metrics and checkpoints.
+"""fleetlite.trainer: the Keras-style Trainer, its callbacks, metrics and checkpoints, and Paddle's Model over it.
 
-Public names: ``Trainer`` (also ``fleetlite.Trainer`` / ``fleetlite.Model``),
-``History``; the callbacks are in :mod:`fleetlite.callbacks`
-(= ``fleetlite.trainer.callbacks``), the metrics in :mod:`fleetlite.metric`
-(= ``fleetlite.trainer.metrics``), the checkpoint file helpers in
+Public names: ``Trainer`` (also ``fleetlite.Trainer``), ``Model`` (Paddle's ``paddle.Model``, also
+``fleetlite.Model``; a thin class that runs on a Trainer), ``History``. Callbacks: the Keras face's in
+:mod:`fleetlite.trainer.callbacks`, Paddle's in :mod:`fleetlite.callbacks` (= ``fleetlite.hapi.callbacks``);
+the metrics in :mod:`fleetlite.metric` (= ``fleetlite.trainer.metrics``), the checkpoint file helpers in
 :mod:`fleetlite.trainer.checkpoint`.
 
 Example::

@@ -1,35 +1,62 @@
-"""``save``/``load`` of Paddle's file prefixes behind ``fleetlite.Model``: ``{path}.pdparams`` (parameters) and
-``{path}.pdopt`` (optimizer state), as ``paddle.Model.save``/``load`` write and read them.
+"""Paddle's ``Model.save``/``Model.load`` files: ``{path}.pdparams`` (parameters) and ``{path}.pdopt`` (optimizer
+state), as ``paddle.Model.save``/``load`` write and read them, for any Trainer.
+
+Used by ``fleetlite.Model`` and by Paddle's ``ModelCheckpoint``/``EarlyStopping`` callbacks (whichever face runs
+them), so it imports neither the Trainer nor the callbacks: it works on the Trainer's public API
+(``get_weights``/``set_weights``, ``optimizer``/``user_optimizer``, ``setup``, ``save``/``load``).
+
+# Note [collective hapi save]
+Under sharding the weights and the optimizer state are spread over the ranks: gathering them
+(``trainer.get_weights()``, the fleet optimizer's ``state_dict()``) is a collective every rank must join, in
+the same order. So :func:`save_prefix` runs on every rank (``fit``'s callbacks and ``Model.save`` call it on
+every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang (issue 23, item 3).
+
+# Note [safe loads]
+Every file is read with ``torch.load(..., weights_only=True)``: a crafted ``.pdparams``/``.pdopt`` cannot run
+code. The optimizer state (tensors, numbers, strings, nested dicts/lists) and the amp scaler state (floats and
+ints under ``'fleet_amp'``) need nothing beyond torch's default allow-list.
 
 Example::
 
     from fleetlite.trainer.hapi_io import load_prefix, save_prefix
-    save_prefix(model, "ckpt/final", training=True)       # ckpt/final.pdparams + ckpt/final.pdopt (rank 0)
-    load_prefix(model, "ckpt/final", skip_mismatch=False, reset_optimizer=False)
+    save_prefix(trainer, "ckpt/final")          # ckpt/final.pdparams + ckpt/final.pdopt (collective; rank 0 writes)
+    load_prefix(trainer, "ckpt/final", skip_mismatch=False, reset_optimizer=False)
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..distributed import collective
 from ..utils.atomic import atomic_open
-from .callbacks.base import is_rank_zero
-from .trainer import Trainer
 
-__all__ = ["save_prefix", "load_prefix"]
+__all__ = ["save_prefix", "load_prefix", "strip_postfix", "safe_load"]
 
 _POSTFIXES = (".pdparams", ".pdopt", ".pdmodel")
 
 
-def _strip(path: str) -> str:
+def strip_postfix(path: str) -> str:
+    """``path`` without a Paddle postfix (``ckpt/final.pdparams`` -> ``ckpt/final``)."""
     for p in _POSTFIXES:
         if path.endswith(p):
             return path[: -len(p)]
     return path
+
+
+def safe_load(path: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU (Note [safe loads]); an unsafe file is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"refusing to load {path}: it holds objects other than tensors and plain values, which "
+                         f"could run code when unpickled ({str(e).splitlines()[0]}); load only files you trust, "
+                         "re-saved as plain state dicts") from None
 
 
 def _atomic_torch_save(obj: Any, path: str) -> None:
@@ -38,42 +65,72 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
         torch.save(obj, f)
 
 
-def save_prefix(model, path: str, training: bool) -> None:
-    if not training:
-        if os.path.basename(path) == "":
-            raise ValueError(f"The input path MUST be format of dirname/file_prefix [dirname\\file_prefix in "
-                             f"Windows system], but received file_prefix is empty string: {path!r}")
-        if not model._ran and model._inputs is None:
-            raise RuntimeError("Model.save(training=False) needs the input shapes: pass Model(net, inputs=[...]) "
-                               "or run the model first (fit, evaluate, predict or a *_batch call)")
-        model.setup()
-        Trainer.save(model, path, training=False)
-        return
-    if not is_rank_zero():
-        return
-    path = _strip(path)
-    _atomic_torch_save(model.network.state_dict(), path + ".pdparams")
-    opt = model.optimizer if model.optimizer is not None else model.user_optimizer
-    if opt is not None:
-        state = opt.state_dict()
-        if state:
-            _atomic_torch_save(state, path + ".pdopt")
+def _optimizer_state(trainer) -> dict[str, Any] | None:
+    """The full optimizer state (collective under sharding, full on rank 0), or None without an optimizer."""
+    opt = trainer.optimizer if trainer.optimizer is not None else trainer.user_optimizer
+    return opt.state_dict() if opt is not None else None
 
 
-def load_prefix(model, path: str, skip_mismatch: bool, reset_optimizer: bool) -> None:
-    prefix = _strip(path)
+def _sharded(trainer) -> bool:
+    """Whether the run shards weights or optimizer state (the strategy says so), so a save must be collective."""
+    strategy = trainer.strategy
+    return strategy is not None and strategy.sharding_enabled and collective.is_initialized()
+
+
+def save_prefix(trainer, path: str) -> None:
+    """Write ``{path}.pdparams`` and ``{path}.pdopt``; rank 0 writes.
+
+    Under sharding it is collective (Note [collective hapi save]): every rank calls it, and it returns on every
+    rank once rank 0 has written (or raises on every rank when rank 0 could not). Without sharding nothing is
+    gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
+    """
+    path = strip_postfix(os.fspath(path))
+    together = _sharded(trainer)
+    weights = trainer.get_weights()  # collective under sharding
+    opt_state = _optimizer_state(trainer)  # collective under sharding
+    error = None
+    if collective.get_rank() == 0:
+        try:
+            _atomic_torch_save(weights, path + ".pdparams")
+            if opt_state:
+                _atomic_torch_save(opt_state, path + ".pdopt")
+        except OSError as e:
+            if not together:
+                raise
+            error = f"rank 0 could not write {path}.pdparams/.pdopt: {e}"
+    if together:  # also the barrier: the files exist when save returns, on every rank
+        error = collective.all_gather_object(error)[0]
+        if error is not None:
+            raise OSError(f"{error}; check that the directory is writable and has space")
+
+
+def _missing(path: str, prefix: str) -> ValueError:
+    return ValueError(f"Model.load({path!r}): no parameter file {prefix}.pdparams (Model.save(path) writes it), "
+                      f"nor {prefix}.pt (Model.save(path, training=False) writes it), nor a checkpoint at {path}; "
+                      "check the path")
+
+
+def load_prefix(trainer, path: str, skip_mismatch: bool, reset_optimizer: bool,
+                other: Callable[[str, bool, bool], Any] | None = None) -> None:
+    """Paddle's ``Model.load``: the parameters of ``{path}.pdparams`` and, unless ``reset_optimizer``, the optimizer
+    state of ``{path}.pdopt``. Without ``.pdparams``: what ``save(path, training=False)`` wrote (``{path}.pt``) or
+    a fleetlite checkpoint at ``path``, read by ``other(path, skip_mismatch, reset_optimizer)`` (default:
+    ``trainer.load``, the Trainer's loader)."""
+    path = os.fspath(path)
+    prefix = strip_postfix(path)
     params_path = prefix + ".pdparams"
     if not os.path.isfile(params_path):
-        if os.path.isfile(path):  # a fleetlite checkpoint or weights file
-            Trainer.load(model, path, skip_mismatch, reset_optimizer)
-            return
-        raise ValueError(f"Model.load({path!r}): no parameter file {params_path} (Paddle's save(path) writes "
-                         f"path + '.pdparams'); check the path")
-    state = torch.load(params_path, map_location="cpu", weights_only=True)
+        for candidate in (prefix + ".pt", path):
+            if os.path.exists(candidate) and candidate != params_path:
+                (other or trainer.load)(candidate, skip_mismatch, reset_optimizer)
+                return
+        raise _missing(path, prefix)
+    state = safe_load(params_path)
     if not state:
         raise ValueError(f"Failed to load parameters, please check path: {params_path} is empty")
+    own = trainer.network.state_dict()
     matched = {}
-    for key, param in model.network.state_dict().items():
+    for key, param in own.items():
         try:
             if key not in state:
                 raise ValueError(f"{key} is not found in the providing file.")
@@ -86,8 +143,11 @@ def load_prefix(model, path: str, skip_mismatch: bool, reset_optimizer: bool) ->
                 continue
             raise
         matched[key] = state[key]
-    model.network.load_state_dict(matched, strict=False)
+    full = trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
+    full.update(matched)
+    trainer.set_weights(full)
     opt_path = prefix + ".pdopt"
-    if not reset_optimizer and os.path.isfile(opt_path) and model.user_optimizer is not None:
-        model.setup()
-        model.optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=False))
+    if not reset_optimizer and os.path.isfile(opt_path) and trainer.user_optimizer is not None:
+        opt_state = safe_load(opt_path)
+        trainer.setup()
+        trainer.optimizer.load_state_dict(opt_state)  # collective under sharding

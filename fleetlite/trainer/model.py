@@ -14,16 +14,18 @@ evaluation schedule    after epochs with                    after epochs with
                        ``epoch % eval_freq == 0``            ``(epoch + 1) % eval_freq == 0``
 ``fit(save_dir)``      ``{save_dir}/{epoch}.pdparams/.pdopt`` full-state ``epoch-NNNN.pt``, ``latest.pt``
                        (``epoch % save_freq == 0``), ``final``
-LR scheduler           stepped per batch by default          only with an ``LRScheduler`` callback
-                       (``LRScheduler(by_step=True)`` added)
+LR scheduler           stepped after every batch (also        only with an ``LRScheduler`` callback
+                       inside an accumulation window, as     (per optimizer step or per epoch)
+                       Paddle; ``LRScheduler()`` added)
 gradient accumulation  gradients summed (Paddle)             mean over the micro-batches
 ``evaluate`` result    ``{'loss': [value], 'acc': ...}``     ``{'loss': value, 'acc': ...}``
 batch/predict outputs  numpy arrays                          torch tensors
-EarlyStopping          acts on evaluation logs (``'loss'``)  acts on epoch logs (``'val_loss'``)
+callbacks              ``fleetlite.callbacks`` (Paddle's)    ``fleetlite.trainer.callbacks`` (Keras')
 =====================  ===================================  ==========================================
 
-The evaluation loss is the mean over every sample (Paddle reports the last
-batch's loss); it is exact across ranks, as the metrics are.
+Each callback works under either face and behaves as its class says (Paddle's ``EarlyStopping`` acts on the
+evaluation logs, ``'loss'``; Keras' on the epoch logs, ``'val_loss'``). The evaluation loss is the mean over
+every sample (Paddle reports the last batch's loss); it is exact across ranks, as the metrics are.
 
 Example::
 
@@ -38,9 +40,7 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,10 +48,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .callbacks._hapi import config_fit_callbacks
+from .callbacks import Callback, ProgBarLogger, ProgressBar
+from .callbacks.paddle.config import paddle_fit_callbacks
 from .clipping import clip_gradients, resolve_grad_clip
 from .data_adapter import DataAdapter, LimitedAdapter, build_adapter
-from .hapi_io import load_prefix, save_prefix
+from .hapi_amp import amp_strategy
+from .hapi_trainer import HapiTrainer, to_list
 from .keras_fit import check_call_order
 from .metrics import Metric
 from .summary import summary
@@ -59,17 +61,6 @@ from .torchmetrics_adapter import is_torchmetric
 from .trainer import Trainer
 
 __all__ = ["Model", "check_call_order"]
-
-_AMP_KEYS = {"init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
-             "use_dynamic_loss_scaling", "custom_white_list", "custom_black_list", "custom_black_varnames",
-             "use_pure_fp16", "use_fp16_guard", "dtype"}
-
-
-def _to_list(x: Any) -> list:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
 
 def _numpy(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -83,7 +74,7 @@ def _numpy(x: Any) -> Any:
 def _verify_spec(specs: Any, kind: str) -> list | None:
     if specs is None:
         return None
-    specs = _to_list(specs)
+    specs = to_list(specs)
     for i, s in enumerate(specs):
         if getattr(s, "name", "") is None:
             raise ValueError(f"Model({kind}=...): {kind}[{i}] needs a name (Paddle's rule for InputSpec), got "
@@ -91,23 +82,20 @@ def _verify_spec(specs: Any, kind: str) -> list | None:
     return specs
 
 
-def _n_forward_inputs(network: nn.Module) -> int | None:
-    """Positional parameters of ``forward`` (Paddle: one input per argument name), None with ``*args``."""
-    try:
-        params = inspect.signature(network.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    n = 0
-    for p in params:
-        if p.kind == p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            n += 1
-    return n
+def _with_progbar(callbacks: Any, log_freq: int, verbose: int) -> list[Callback]:
+    """The user's callbacks with Paddle's ``ProgBarLogger(log_freq, verbose)`` first (unless a display is given)."""
+    cbks = to_list(callbacks)
+    if verbose and not any(isinstance(k, ProgressBar) for k in cbks):
+        cbks = [ProgBarLogger(log_freq, verbose=verbose), *cbks]
+    return cbks
 
 
-class Model(Trainer):
-    """Paddle's ``paddle.Model`` over the fleetlite Trainer (see the module docstring for the differences).
+class Model:
+    """Paddle's ``paddle.Model`` (see the module docstring for the differences from the Trainer).
+
+    A thin class over the shared machinery: a :class:`~fleetlite.Trainer` (``model.trainer``) runs the loops,
+    the distributed engine, metrics and checkpoints; this class holds Paddle's API (names, positional order,
+    defaults, return layouts).
 
     Args:
         network: the ``nn.Module``.
@@ -124,31 +112,46 @@ class Model(Trainer):
         (out,) = model.predict_batch([x_numpy])
     """
 
-    paddle_hapi = True  # callbacks follow Paddle's rules (monitor modes, epoch labels, save names)
-    merge_avg = False  # Paddle sums the gradients of merged (accumulated) batches
-
     def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None) -> None:
-        super().__init__(network)
         self._inputs = _verify_spec(inputs, "inputs")
         self._labels = _verify_spec(labels, "labels")
+        self._trainer = HapiTrainer(network, len(self._inputs) if self._inputs is not None else None)
         self._ran = False
-        self._input_example: list[torch.Tensor] | None = None
+        self._amp_level = "O0"
 
-    # -- Paddle's attribute names --------------------------------------------------------------------------
+    # -- the shared machinery and Paddle's attribute names ---------------------------------------------------
+    @property
+    def trainer(self) -> Trainer:
+        """The :class:`~fleetlite.Trainer` that runs this model (callbacks see it as ``self.model``)."""
+        return self._trainer
+
+    @property
+    def network(self) -> nn.Module:
+        return self._trainer.network
+
+    @property
+    def stop_training(self) -> bool:
+        return self._trainer.stop_training
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self._trainer.stop_training = value
+
     @property
     def _optimizer(self):
-        return self.user_optimizer
+        return self._trainer.user_optimizer
 
     @property
     def _loss(self):
-        return self.loss_fn
+        return self._trainer.loss_fn
 
     @property
     def _metrics(self):
-        return self.metrics
+        return self._trainer.metrics
 
     def _metrics_name(self) -> list[str]:
-        return (["loss"] if self.loss_fn is not None else []) + [n for m in self.metrics for n in m.names()]
+        t = self._trainer
+        return (["loss"] if t.loss_fn is not None else []) + [n for m in t.metrics for n in m.names()]
 
     def parameters(self, *args, **kwargs) -> list[nn.Parameter]:
         """The network's parameters, as a list (Paddle)."""
@@ -168,80 +171,36 @@ class Model(Trainer):
         if loss is not None and not callable(loss):
             raise TypeError("'loss' must be a torch.nn.Module or any callable function, got "
                             f"{type(loss).__name__}")
-        for m in _to_list(metrics):
+        for m in to_list(metrics):
             if not (isinstance(m, Metric) or is_torchmetric(m)):
                 raise AssertionError(f"{type(m).__name__} is not sub class of Metric")
-        strategy = self._amp_strategy(amp_configs)
-        if strategy is not None:
-            self._connector.set_strategy(strategy, "call prepare(amp_configs=...) before the model first runs")
-        self._set_training_objects(optimizer, loss, _to_list(metrics) or None)
-        self.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
-                                                                                              None))
-
-    def _amp_strategy(self, amp_configs: Any) -> dict[str, Any] | None:
-        if not amp_configs:
-            self._amp_level = "O0"
-            return None
-        if isinstance(amp_configs, str):
-            if amp_configs not in ("O0", "O1", "O2"):
-                raise ValueError("The level of amp_configs should be 'O0', 'O1' or 'O2'.")
-            level, cfg = amp_configs, {}
-        elif isinstance(amp_configs, dict):
-            level = amp_configs.get("level", "O1")
-            if level not in ("O0", "O1", "O2"):
-                raise ValueError("amp_configs['level'] should be 'O0', 'O1' or 'O2'.")
-            cfg = {k: v for k, v in amp_configs.items() if k != "level"}
-            unknown = set(cfg) - _AMP_KEYS
-            if unknown:
-                raise ValueError("Except for 'level', the keys of 'amp_configs' must be accepted by mixed "
-                                 f"precision APIs, but {tuple(sorted(unknown))} could not be recognized.")
-        else:
-            raise TypeError(f"amp_configs must be a level string ('O1') or a dict, got {type(amp_configs).__name__}")
-        self._amp_level = level
-        if level == "O0":
-            return None
-        if self.device.type != "cuda":
-            warnings.warn(f"fleetlite: amp_configs level {level} needs a CUDA device; running in float32 on "
-                          f"{self.device} (as Paddle without a GPU)", UserWarning, stacklevel=3)
-            self._amp_level = "O0"
-            return None
-        keep = ("init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
-                "use_dynamic_loss_scaling", "dtype")
-        configs = {k: cfg[k] for k in keep if k in cfg}
-        configs["use_pure_fp16"] = level == "O2" or bool(cfg.get("use_pure_fp16", False))
-        return {"amp": True, "amp_configs": configs}
+        t = self._trainer
+        self._amp_level, strategy = amp_strategy(amp_configs, t.device)
+        t.compile(optimizer, loss, to_list(metrics) or None, strategy)
+        # Paddle replaces all four: what was not passed is unset (compile keeps it)
+        if optimizer is None:
+            t.user_optimizer, t.optimizer = None, None
+        if loss is None:
+            t.loss_fn = None
+        if not to_list(metrics):
+            t.metrics = []
+        t.grad_clip = resolve_grad_clip(grad_clip if grad_clip is not None else getattr(optimizer, "_grad_clip",
+                                                                                           None))
 
     # -- batches ---------------------------------------------------------------------------------------------
-    def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """Paddle's split: the first ``len(inputs)`` fields are inputs, the rest labels."""
-        data = list(batch) if isinstance(batch, (list, tuple)) else [batch]
-        n = len(self._inputs) if self._inputs is not None else _n_forward_inputs(self.network)
-        if n is None or n >= len(data) and len(data) > 1:
-            return super().split_batch(batch)
-        return tuple(data[:n]), tuple(data[n:])
-
-    def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
-        """Paddle: ``loss(*outputs, *labels)``; a loss returning several values is summed."""
-        losses = _to_list(self.loss_fn(*_to_list(outputs), *labels))
-        return losses[0] if len(losses) == 1 else torch.stack([torch.as_tensor(v).sum() for v in losses]).sum()
-
     def _batch_tensors(self, values: Any) -> list[torch.Tensor]:
         out = []
-        for v in _to_list(values):
+        for v in to_list(values):
             t = torch.from_numpy(np.asarray(v)) if not isinstance(v, torch.Tensor) else v
-            out.append(t.to(self.device))
+            out.append(t.to(self._trainer.device))
         return out
-
-    def _record(self, inputs: list[torch.Tensor]) -> None:
-        self._ran = True
-        self._input_example = [x[:1].detach().cpu() for x in inputs]
 
     def _batch_metrics(self, outputs: Any, labels: list[torch.Tensor]) -> list[Any]:
         res = []
-        outs = [o.detach() for o in _to_list(outputs)]
-        for m in self.metrics:
+        outs = [o.detach() for o in to_list(outputs)]
+        for m in self._trainer.metrics:
             r = m.compute(*outs, *labels)
-            res.append(m.update(*_to_list(r)))
+            res.append(m.update(*to_list(r)))
         return res
 
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> Any:
@@ -249,21 +208,22 @@ class Model(Trainer):
 
         Returns ``[loss]`` (numpy), or ``([loss], [metric values])`` with metrics (Paddle's layout).
         """
-        self.setup(training=True)
+        t = self._trainer
+        t.setup(training=True)
         inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
-        self._record(inputs)
-        self.parallel_network.train()
-        merge = self.optimizer.merge
+        self._ran = True
+        t.parallel_network.train()
+        merge = t.optimizer.merge
         with merge.driven(k=1):  # Paddle: each call's gradients are synced, update=True steps (no merge window)
             merge.begin(last=True)
-            outputs = self.parallel_network(*inputs)
-            loss = self.compute_loss(outputs, labels)
-            self.optimizer.backward(loss)
+            outputs = t.parallel_network(*inputs)
+            loss = t.compute_loss(outputs, labels)
+            t.optimizer.backward(loss)
             if update:
-                if self.grad_clip:
-                    clip_gradients(self)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
+                if t.grad_clip:
+                    clip_gradients(t)
+                t.optimizer.step()
+                t.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
         losses = [_numpy(loss).reshape(1)]
         metrics = self._batch_metrics(outputs, labels)
         return (losses, metrics) if metrics else losses
@@ -271,30 +231,29 @@ class Model(Trainer):
     @torch.no_grad()
     def eval_batch(self, inputs: Any, labels: Any = None) -> Any:
         """Loss and metrics on a batch without training (Paddle's layout, as :meth:`train_batch`)."""
-        self.setup()
+        t = self._trainer
+        t.setup()
         inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
-        self._record(inputs)
-        self.network.eval()
-        outputs = self.network(*inputs)
+        self._ran = True
+        t.network.eval()
+        outputs = t.network(*inputs)
         metrics = self._batch_metrics(outputs, labels)
-        if self.loss_fn is None:
+        if t.loss_fn is None:
             return metrics
-        losses = [_numpy(self.compute_loss(outputs, labels)).reshape(1)]
+        losses = [_numpy(t.compute_loss(outputs, labels)).reshape(1)]
         return (losses, metrics) if metrics else losses
 
     @torch.no_grad()
     def predict_batch(self, inputs: Any) -> list[np.ndarray]:
         """The model's outputs for a batch, one numpy array per output."""
-        self.setup()
+        t = self._trainer
+        t.setup()
         inputs = self._batch_tensors(inputs)
-        self._record(inputs)
-        self.network.eval()
-        return [_numpy(o) for o in _to_list(self.network(*inputs))]
+        self._ran = True
+        t.network.eval()
+        return [_numpy(o) for o in to_list(t.network(*inputs))]
 
     # -- loops -----------------------------------------------------------------------------------------------
-    def eval_due(self, epoch: int, eval_freq: int) -> bool:
-        return epoch % eval_freq == 0
-
     def fit(self, train_data: Any = None, eval_data: Any = None, batch_size: int | Sequence[int] = 1,
             epochs: int = 1, eval_freq: int = 1, log_freq: int = 10, save_dir: str | None = None,
             save_freq: int = 1, verbose: int = 2, drop_last: bool = False, shuffle: bool = True,
@@ -303,10 +262,10 @@ class Model(Trainer):
         """Paddle's ``Model.fit`` (same order and defaults); returns the History (Paddle returns None).
 
         ``batch_size`` may be ``(train_batch_size, eval_batch_size)``; ``callbacks`` one callback or a list.
-        With ``save_dir``, ``{save_dir}/{epoch}`` is saved when ``epoch % save_freq == 0`` and
-        ``{save_dir}/final`` at the end (Paddle's ``save`` files); an ``EarlyStopping`` saves
-        ``{save_dir}/best_model``. An LR scheduler on the optimizer is stepped per batch unless an
-        ``LRScheduler`` callback says otherwise.
+        Paddle's defaults are added (``config_callbacks``): a ``ProgBarLogger``, a
+        ``ModelCheckpoint(save_freq, save_dir)`` (``{save_dir}/{epoch}`` when ``epoch % save_freq == 0``,
+        ``{save_dir}/final``) and an ``LRScheduler()`` stepping the optimizer's scheduler after every batch;
+        Paddle's ``EarlyStopping`` saves ``{save_dir}/best_model``.
         """
         if train_data is None:
             raise ValueError("train_data must be given!")
@@ -319,15 +278,15 @@ class Model(Trainer):
             train_bs = eval_bs = batch_size
         else:
             raise TypeError("'batch_size' must be integer or tuple/list of two integers")
+        t = self._trainer
         if eval_data is not None and not isinstance(eval_data, DataAdapter):
             eval_data = build_adapter(eval_data, eval_bs, False, False, num_workers, 0,
-                                      self.device.type == "cuda", "eval")
-        cbs = config_fit_callbacks(self, callbacks, save_dir, save_freq)
+                                      t.device.type == "cuda", "eval")
+        cbs = paddle_fit_callbacks(callbacks, save_dir, save_freq, log_freq, verbose)
         self._ran = True
-        return Trainer.fit(self, train_data, eval_data, epochs=epochs, batch_size=train_bs, eval_freq=eval_freq,
-                           log_freq=log_freq, callbacks=cbs, shuffle=shuffle, drop_last=drop_last,
-                           num_workers=num_workers, accumulate_grad_batches=accumulate_grad_batches,
-                           num_iters=num_iters, verbose=verbose)
+        return t.fit(train_data, eval_data, epochs=epochs, batch_size=train_bs, eval_freq=eval_freq,
+                     log_freq=log_freq, callbacks=cbs, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                     accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters, verbose=verbose)
 
     def evaluate(self, eval_data: Any, batch_size: int = 1, log_freq: int = 10, verbose: int = 2,
                  num_workers: int = 0, callbacks: Any = None, num_iters: int | None = None) -> dict[str, Any]:
@@ -340,8 +299,9 @@ class Model(Trainer):
             data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
             eval_data = LimitedAdapter.wrap(data, num_iters)
         self._ran = True
-        logs = Trainer.evaluate(self, eval_data, batch_size=batch_size, log_freq=log_freq,
-                                callbacks=_to_list(callbacks), num_workers=num_workers, verbose=verbose)
+        logs = self._trainer.evaluate(eval_data, batch_size=batch_size, log_freq=log_freq,
+                                      callbacks=_with_progbar(callbacks, log_freq, verbose), num_workers=num_workers,
+                                      verbose=verbose)
         result = {}
         for k in self._metrics_name():
             if k in logs:
@@ -353,8 +313,9 @@ class Model(Trainer):
         """Paddle's ``Model.predict``: a list with one entry per model output (also for one output), each a
         list of per-batch numpy arrays, or one stacked array with ``stack_outputs=True``."""
         self._ran = True
-        out = Trainer.predict(self, test_data, batch_size=batch_size, stack_outputs=stack_outputs,
-                              num_workers=num_workers, callbacks=_to_list(callbacks), verbose=verbose)
+        out = self._trainer.predict(test_data, batch_size=batch_size, stack_outputs=stack_outputs,
+                                    num_workers=num_workers, callbacks=_with_progbar(callbacks, 10, verbose),
+                                    verbose=verbose)
         if stack_outputs:
             columns = [out] if isinstance(out, torch.Tensor) else list(out)
         else:
@@ -366,19 +327,32 @@ class Model(Trainer):
         """Paddle's ``Model.save``: ``path`` is a file prefix (also when a directory of that name exists).
 
         ``training=True`` writes ``{path}.pdparams`` (weights) and ``{path}.pdopt`` (optimizer state, with the
-        amp loss scaler), torch pickles written atomically by rank 0. ``training=False`` writes the weights for
-        inference (``fleetlite.Trainer.save(path, training=False)``) and needs the model to have run or
-        ``inputs`` specs (RuntimeError otherwise, as Paddle).
+        amp loss scaler), torch pickles written atomically by rank 0; collective: under a distributed run every
+        rank calls it (as ``fit``'s callbacks do), sharded states are gathered. ``training=False`` writes the
+        weights for inference (``{path}.pt``, as ``fleetlite.Trainer.save(path, training=False)``; ``load``
+        reads it back) and needs the model to have run or ``inputs`` specs (RuntimeError otherwise, as Paddle).
         """
-        save_prefix(self, os.fspath(path), training)
+        path = os.fspath(path)
+        if training:
+            self._trainer.save(path)
+            return
+        if os.path.basename(path) == "":
+            raise ValueError(f"The input path MUST be format of dirname/file_prefix [dirname\\file_prefix in "
+                             f"Windows system], but received file_prefix is empty string: {path!r}")
+        if not self._ran and self._inputs is None:
+            raise RuntimeError("Model.save(training=False) needs the input shapes: pass Model(net, inputs=[...]) "
+                               "or run the model first (fit, evaluate, predict or a *_batch call)")
+        self._trainer.setup()
+        self._trainer.save(path, training=False)  # the Trainer's inference weights file, {path}.pt
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Paddle's ``Model.load`` of ``{path}.pdparams`` (and ``.pdopt`` unless ``reset_optimizer``).
 
         Entries missing from the file or of another shape raise ValueError, or with ``skip_mismatch`` are
-        skipped with a warning. A fleetlite checkpoint file (``.pt``) is accepted as ``path`` too.
+        skipped with a warning. What ``save(path, training=False)`` wrote (``{path}.pt``) and a fleetlite
+        checkpoint file are accepted too. Every file is read with ``weights_only=True`` (no code runs).
         """
-        load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer)
+        self._trainer.load(path, skip_mismatch, reset_optimizer)
 
     def summary(self, input_size: Any = None, dtype: Any = None) -> dict[str, int]:
         """Paddle's ``Model.summary``: per-layer table; returns ``{'total_params', 'trainable_params'}``."""

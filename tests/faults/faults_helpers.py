@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import fleetlite
-from fleetlite.callbacks import Callback, ModelCheckpoint, Preemption
+from fleetlite.trainer.callbacks import Callback, ModelCheckpoint, Preemption
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = Path(__file__).resolve().parent / "fault_recipe.py"

@@ -15,8 +15,8 @@ import pytest
 import torch
 from faults_helpers import RECIPE_ARGS, WRAPPER, assert_bit_identical, data, launch_env, tiny_trainer, weights
 
-from fleetlite.callbacks import ModelCheckpoint
 from fleetlite.trainer import checkpoint
+from fleetlite.trainer.callbacks import ModelCheckpoint
 from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint
 
 HERE = Path(__file__).resolve().parent

@@ -26,8 +26,8 @@ from faults_helpers import (
     tiny_trainer,
 )
 
-from fleetlite.callbacks import ModelCheckpoint, Preemption
 from fleetlite.testing import run_launch, run_ranks
+from fleetlite.trainer.callbacks import ModelCheckpoint, Preemption
 from fleetlite.trainer.checkpoint import load_checkpoint
 
 

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 from trainer_helpers import dataset, mlp, params, trainer, xy
 
 import fleetlite
-from fleetlite.callbacks import ModelCheckpoint
 from fleetlite.io import TensorLoader
+from fleetlite.trainer.callbacks import ModelCheckpoint
 from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint, save_checkpoint
 
 HERE = Path(__file__).resolve().parent
@@ -230,7 +230,7 @@ def test_lr_scheduler_stepped_before_the_optimizer_on_resume_is_silent():
     """Issue 12 item 8(b): the filter for torch's order heuristic is a regex; it must match torch's message."""
     net = mlp()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    cb = fleetlite.callbacks.LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 1))
+    cb = fleetlite.trainer.callbacks.LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 1))
     # a run resumed at an epoch end steps the scheduler before its first optimizer step: right, as resumed
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")

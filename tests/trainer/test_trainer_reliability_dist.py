@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer_helpers import IndexedDataset, RecordingTrainer, dataset, xy
 
 import fleetlite
-from fleetlite.callbacks import ModelCheckpoint, NonFiniteLossError, TerminateOnNaN
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.callbacks import ModelCheckpoint, NonFiniteLossError, TerminateOnNaN
 from fleetlite.trainer.checkpoint import CheckpointError, load_checkpoint
 
 

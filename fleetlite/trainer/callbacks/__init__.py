@@ -1,9 +1,12 @@
 """Callbacks: the hooks the Trainer fires (:class:`Callback`), their dispatcher (:class:`CallbackList`), and the
-built-ins, one module each (public as :mod:`fleetlite.callbacks`, Paddle's ``paddle.callbacks``).
+built-ins, one module each. This package is the Keras face's namespace, ``fleetlite.trainer.callbacks``;
+Paddle's namespace (``fleetlite.callbacks`` = ``fleetlite.hapi.callbacks``, the import swap for
+``paddle.callbacks``) holds the same classes except four, whose Paddle versions are in :mod:`.paddle`.
 
 Hooks and their arguments follow Keras (``on_train_batch_end(step, logs)``,
 ``on_epoch_end(epoch, logs)``, ...); every callback has ``state_dict()``/``load_state_dict()`` so its
-state goes into the checkpoint (see :mod:`.base`).
+state goes into the checkpoint (see :mod:`.base`). Every callback works under either face
+(``fleetlite.Trainer``, ``fleetlite.Model``); where Paddle and Keras differ, the class decides.
 
 =========================== =============================================================================
 module                      callbacks
@@ -12,12 +15,12 @@ module                      callbacks
 ``callback_list``           :class:`CallbackList` (dispatch, checkpoint keys)
 ``monitor``                 ``MonitorMixin``: monitor/mode/min_delta "did it improve" (Keras' and Paddle's rules)
 ``history``                 :class:`History` (added by ``fit``)
-``progress``                :class:`ProgressBar`, :class:`ProgBarLogger` (Paddle's name)
-``model_checkpoint``        :class:`ModelCheckpoint`
+``progress``                :class:`ProgressBar`, :class:`ProgBarLogger` (Paddle's, epochs counted from 1)
+``model_checkpoint``        :class:`ModelCheckpoint` (full-state, resumable; Paddle's: ``paddle.model_checkpoint``)
 ``backup_and_restore``      :class:`BackupAndRestore`
-``early_stopping``          :class:`EarlyStopping`
-``reduce_lr_on_plateau``    :class:`ReduceLROnPlateau`
-``lr_scheduler``            :class:`LRScheduler` (a torch scheduler, per step or epoch)
+``early_stopping``          :class:`EarlyStopping` (Keras; Paddle's: ``paddle.early_stopping``)
+``reduce_lr_on_plateau``    :class:`ReduceLROnPlateau` (Keras) and the plateau rule Paddle's shares
+``lr_scheduler``            :class:`LRScheduler` (a torch scheduler, per step or epoch; Paddle's: in ``paddle``)
 ``learning_rate_scheduler`` :class:`LearningRateScheduler` (Keras' schedule function)
 ``lr_monitor``              :class:`LearningRateMonitor`
 ``csv_logger``              :class:`CSVLogger`
@@ -31,14 +34,15 @@ module                      callbacks
 ``ema``                     :class:`EMA`
 ``profiler``                :class:`Profiler`
 ``lambda_callback``         :class:`LambdaCallback`
-``_build``, ``_hapi``       the callback lists of the Trainer and of ``fleetlite.Model`` (not exported)
+``paddle``                  Paddle's ModelCheckpoint, LRScheduler, EarlyStopping, ReduceLROnPlateau; fit defaults
+``_build``                  the callback list of a Trainer call (not exported)
 =========================== =============================================================================
 
 Example::
 
     import fleetlite
 
-    class PrintLoss(fleetlite.callbacks.Callback):
+    class PrintLoss(fleetlite.trainer.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             print(epoch, logs["loss"])
 

@@ -1,6 +1,7 @@
-"""``LRScheduler``: step a torch LR scheduler per epoch or per optimizer step (Paddle's and the Trainer's way).
+"""``LRScheduler``: step a torch LR scheduler per epoch or per optimizer step (the Trainer's way), and
+``find_scheduler``, the scheduler driving an optimizer (Paddle's ``LRScheduler`` uses it too).
 
-Public through :mod:`fleetlite.callbacks`.
+Public through :mod:`fleetlite.trainer.callbacks`.
 """
 
 from __future__ import annotations
@@ -15,23 +16,30 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau as TorchPlateau
 
 from .base import Callback
 
-__all__ = ["LRScheduler", "find_scheduler"]
+__all__ = ["LRScheduler", "find_scheduler", "step_quietly"]
+
+
+def step_quietly(scheduler: Any, *args: Any) -> None:
+    """``scheduler.step(*args)`` without torch's order warning.
+
+    A resumed run may reach an epoch end before its first optimizer step, and Paddle's per-batch stepping steps
+    inside an accumulation window: the order is right, torch's heuristic ("lr_scheduler.step() before
+    optimizer.step()") knows about neither.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        scheduler.step(*args)
 
 
 class LRScheduler(Callback):
-    """Step a torch LR scheduler per epoch or per optimizer step (Paddle's ``LRScheduler(by_step, by_epoch)`` too).
+    """Step a torch LR scheduler per epoch or per optimizer step (the Trainer's way).
 
-    Two ways to call it:
-
-    * Paddle: ``LRScheduler(by_step=True, by_epoch=False)`` (positional ``LRScheduler(False, True)`` too) steps
-      the scheduler that drives the optimizer - the Trainer's ``lr_scheduler`` attribute, else
-      ``optimizer.lr_scheduler``, else the live torch scheduler built on that optimizer. ``fleetlite.Model.fit``
-      adds ``LRScheduler()`` (per step) unless one is given, as Paddle does.
-    * Trainer: ``LRScheduler(scheduler, by_step=False)``: that scheduler, per epoch unless ``by_step=True``.
-
-    Its state (the scheduler's ``state_dict``) is saved in checkpoints.
-    ``monitor`` feeds an epoch log value to schedulers that need one
-    (``ReduceLROnPlateau``).
+    ``LRScheduler(scheduler)`` steps ``scheduler`` at each epoch end, ``LRScheduler(scheduler, by_step=True)``
+    after each optimizer step (once per gradient-accumulation window). Without a scheduler it steps the one
+    driving the optimizer (:func:`find_scheduler`). Its state (the scheduler's ``state_dict``) is saved in
+    checkpoints. ``monitor`` feeds an epoch log value to schedulers that need one (``ReduceLROnPlateau``).
+    Works under either face; Paddle's ``LRScheduler(by_step=True, by_epoch=False)`` (per batch, the
+    optimizer's scheduler) is :class:`fleetlite.callbacks.LRScheduler`.
 
     Example::
 
@@ -41,62 +49,46 @@ class LRScheduler(Callback):
         LRScheduler(torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=1000), by_step=True)
     """
 
-    def __init__(self, scheduler: Any = None, by_step: bool | None = None, by_epoch: bool | None = None,
-                 monitor: str | None = None) -> None:
+    def __init__(self, scheduler: Any = None, by_step: bool = False, monitor: str | None = None) -> None:
         super().__init__()
-        if isinstance(scheduler, bool):  # Paddle's positional order: LRScheduler(by_step, by_epoch)
-            scheduler, by_step, by_epoch = None, scheduler, (by_step if by_epoch is None else by_epoch)
-        self._find = scheduler is None
-        if self._find:  # Paddle's defaults: by_step=True, by_epoch=False
-            by_epoch = bool(by_epoch)
-            by_step = (not by_epoch) if by_step is None else by_step
-            if by_step and by_epoch:
-                raise ValueError("by_step option is mutually exclusive with by_epoch")
-        by_step = bool(by_step)
-        if not self._find and (not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict")):
+        if scheduler is not None and (not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict")):
+            paddle = " (Paddle's LRScheduler(by_step, by_epoch) is fleetlite.callbacks.LRScheduler)" \
+                if isinstance(scheduler, bool) else ""
             raise TypeError(f"LRScheduler wraps a torch LR scheduler (with step() and state_dict()), got "
-                            f"{type(scheduler).__name__}; e.g. LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 10))")
+                            f"{type(scheduler).__name__}; e.g. LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 10))"
+                            + paddle)
+        self._find = scheduler is None
         self.scheduler = scheduler
         self.by_step = bool(by_step)
-        self.by_epoch = (not self.by_step) if by_epoch is None else bool(by_epoch)
-        if self.by_step and self.by_epoch:
-            raise ValueError("LRScheduler: choose by_step=True or by_epoch=True, not both")
         self.monitor = monitor
 
     def _step(self, logs):
-        with warnings.catch_warnings():
-            # a resumed run may reach an epoch end before its first optimizer step: the order is right, torch's
-            # heuristic ("lr_scheduler.step() before optimizer.step()") does not know about resuming
-            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-            self._step_now(logs)
-
-    def _step_now(self, logs):
         if self.monitor is None:
-            self.scheduler.step()
+            step_quietly(self.scheduler)
             return
         if not logs or self.monitor not in logs:
             raise KeyError(f"LRScheduler(monitor={self.monitor!r}): no such value in the logs "
                            f"(available: {sorted(logs or {})}); pass eval_data to fit for val_* values")
-        self.scheduler.step(float(logs[self.monitor]))
+        step_quietly(self.scheduler, float(logs[self.monitor]))
 
     def on_train_begin(self, logs=None):
         if self._find:
-            t = self.trainer
-            self.scheduler = getattr(t, "lr_scheduler", None) or find_scheduler(
-                getattr(t, "user_optimizer", None) or getattr(t, "_optimizer", None))
+            self.scheduler = find_scheduler(self.trainer.user_optimizer)
 
     def on_train_batch_end(self, step, logs=None):
-        if self.scheduler is not None and self.by_step and getattr(self.trainer, "at_step_boundary", True):
+        if self.scheduler is not None and self.by_step and self.trainer.at_step_boundary:
             self._step(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.scheduler is not None and self.by_epoch:
+        if self.scheduler is not None and not self.by_step:
             self._step(logs)
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.scheduler is None else {"scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scheduler is None and self._find and self.trainer is not None:
+            self.scheduler = find_scheduler(self.trainer.user_optimizer)
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
 

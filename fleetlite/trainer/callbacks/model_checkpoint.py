@@ -9,12 +9,11 @@ callbacks of that hook returned, at an optimizer-step boundary. Anything else
 that needs a checkpoint at the next step boundary (e.g. a pre-emption
 handler) uses the same ``request_save``.
 
-Public through :mod:`fleetlite.callbacks`.
+Public through :mod:`fleetlite.trainer.callbacks` (Paddle's ``ModelCheckpoint`` is :mod:`fleetlite.callbacks`').
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -50,9 +49,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
 
     ``save_top_k=k`` (keyword, with ``monitor``) keeps ``top-epoch-NNNN.pt`` for the k best epochs.
 
-    Paddle's positional order ``ModelCheckpoint(save_freq, save_dir)`` is recognised (an int first). Under
-    ``fleetlite.Model`` it behaves as Paddle's: ``Model.save`` prefixes ``{save_dir}/{epoch}`` when
-    ``epoch % save_freq == 0`` and ``{save_dir}/final``, written by rank 0; no directory means no saving.
+    Works under either face. Paddle's ``ModelCheckpoint(save_freq=1, save_dir=None)`` (``Model.save`` files
+    ``{save_dir}/{epoch}.pdparams``) is :class:`fleetlite.callbacks.ModelCheckpoint`.
 
     Example::
 
@@ -70,8 +68,10 @@ class ModelCheckpoint(MonitorMixin, Callback):
             raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) needs a positive integer and a monitor")
         self.save_top_k = save_top_k
         self.top_k: list[tuple[float, str]] = []  # (value, file) of the kept best epochs, best first
-        if isinstance(save_dir, int) and not isinstance(save_dir, bool):  # Paddle's order: (save_freq, save_dir)
-            save_dir, save_freq = (save_freq if save_freq != 1 else None), save_dir
+        if isinstance(save_dir, int) and not isinstance(save_dir, bool):
+            raise TypeError(f"ModelCheckpoint(save_dir={save_dir!r}): the Trainer's ModelCheckpoint takes the "
+                            "directory first; Paddle's ModelCheckpoint(save_freq, save_dir) is "
+                            "fleetlite.callbacks.ModelCheckpoint")
         for name, v in (("save_freq", save_freq), ("save_steps", save_steps), ("keep_last", keep_last)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"ModelCheckpoint({name}={v!r}) must be a positive integer or None")
@@ -95,21 +95,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
         self._warned = False
 
     # -- decisions (in the hooks) -------------------------------------------------
-    def _paddle(self) -> bool:
-        """Under ``fleetlite.Model``: Paddle's ModelCheckpoint (``{save_dir}/{epoch}`` and ``final`` prefixes)."""
-        return getattr(self.trainer, "paddle_hapi", False)
-
-    def _paddle_save(self, name: str) -> None:
-        """Paddle's ``Model.save`` prefix ``{save_dir}/{name}``, written by rank 0; no directory: no saving."""
-        if self.save_dir and is_rank_zero():
-            path = f"{self.save_dir}/{name}"
-            if self.verbose:
-                print(f"save checkpoint at {os.path.abspath(path)}")
-            self.trainer.save(path)
-
     def on_train_begin(self, logs=None):
-        if self._paddle():
-            return
         d = self.save_dir or getattr(self.trainer, "save_dir", None)
         if d is None:
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
@@ -136,14 +122,10 @@ class ModelCheckpoint(MonitorMixin, Callback):
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer
-        if self._paddle():
-            return
         if self.save_steps and t.at_step_boundary and t.global_step % self.save_steps == 0:
             self._request(f"step-{t.global_step:08d}.pt", best=False)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._paddle():
-            return self._paddle_save(str(epoch)) if self.save_freq and epoch % self.save_freq == 0 else None
         best = False
         if self.monitor is not None and not self._warned and missing_monitor(self.monitor, logs, self.params):
             self._warned = True
@@ -179,8 +161,6 @@ class ModelCheckpoint(MonitorMixin, Callback):
 
     def on_train_end(self, logs=None):
         t = self.trainer
-        if self._paddle():
-            return self._paddle_save("final")
         if getattr(t, "terminated_on_nan", None) is not None:
             return  # TerminateOnNaN: the weights are broken; the last good checkpoint stays latest
         if self.save_last and self._last_saved_step != t.global_step and t.global_step > 0:

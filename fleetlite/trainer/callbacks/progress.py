@@ -1,6 +1,6 @@
 """``ProgressBar``: rich progress on a terminal, plain periodic lines elsewhere (CI, log files). Rank 0 only.
 
-Public through :mod:`fleetlite.callbacks`; ``rich`` is imported only when a
+Public through :mod:`fleetlite.callbacks` and :mod:`fleetlite.trainer.callbacks`; ``rich`` is imported only when a
 terminal display is actually started.
 """
 
@@ -15,12 +15,10 @@ from .base import Callback, is_rank_zero, to_python
 __all__ = ["ProgressBar", "ProgBarLogger", "format_logs", "epoch_label"]
 
 
-def epoch_label(epoch: int, epochs: int | None, paddle: bool = False) -> str:
+def epoch_label(epoch: int, epochs: int | None) -> str:
     """``"Epoch 3/9"``: epochs are numbered from 0 everywhere (logs, metrics.csv, checkpoint names, plots),
-    so the last of 10 is 9 (Lightning's convention). Under ``fleetlite.Model`` (``paddle=True``) the bar
-    prints Paddle's ProgBarLogger line, ``"Epoch 4/10"`` for the same epoch, as Paddle scripts expect."""
-    if paddle:
-        return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"
+    so the last of 10 is 9 (Lightning's convention). Paddle's :class:`ProgBarLogger` prints ``"Epoch 4/10"``
+    for the same epoch, as Paddle scripts expect."""
     return f"Epoch {epoch}/{epochs - 1 if isinstance(epochs, int) else '?'}"
 
 
@@ -72,6 +70,10 @@ class ProgressBar(Callback):
         self._active = False
 
     # -- helpers ---------------------------------------------------------------
+    def epoch_label(self, epoch: int, epochs: int | None) -> str:
+        """The epoch's label in the progress lines (:func:`epoch_label`); Paddle's class counts from 1."""
+        return epoch_label(epoch, epochs)
+
     def _out(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout
 
@@ -112,7 +114,7 @@ class ProgressBar(Callback):
         self._samples = 0.0
         self._world = int(self.params.get("world_size", 1))
         self._t0 = time.perf_counter()
-        self._desc = epoch_label(epoch, self.params.get("epochs"), getattr(self.trainer, "paddle_hapi", False))
+        self._desc = self.epoch_label(epoch, self.params.get("epochs"))
         if self._rich_wanted():
             self._start_rich()
 
@@ -175,7 +177,8 @@ class ProgressBar(Callback):
 
 
 class ProgBarLogger(ProgressBar):
-    """Paddle's ``ProgBarLogger(log_freq=1, verbose=2)``: the progress display under Paddle's name and defaults.
+    """Paddle's ``ProgBarLogger(log_freq=1, verbose=2)``: the progress display under Paddle's name and defaults,
+    with Paddle's epoch label (``"Epoch 1/10"`` for the first of ten), whichever face runs it.
 
     Example::
 
@@ -184,3 +187,6 @@ class ProgBarLogger(ProgressBar):
 
     def __init__(self, log_freq: int = 1, verbose: int = 2) -> None:
         super().__init__(log_freq=log_freq, verbose=verbose)
+
+    def epoch_label(self, epoch: int, epochs: int | None) -> str:
+        return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"

@@ -1,7 +1,7 @@
-"""``ReduceLROnPlateau``: Paddle's and Keras' learning-rate reduction on a plateau of a monitored value.
+"""``ReduceLROnPlateau`` (Keras') and the plateau rule it shares with Paddle's (:mod:`.paddle.reduce_lr_on_plateau`).
 
-Public through :mod:`fleetlite.callbacks`. Under ``fleetlite.Model`` the monitored value is read from the
-evaluation logs (Paddle); under ``fleetlite.Trainer`` from the epoch logs (``val_*`` keys, Keras).
+Public through :mod:`fleetlite.trainer.callbacks`. The two classes differ only in what they watch: Keras' the
+epoch logs (``val_loss``) at each epoch end, Paddle's the evaluation logs (``loss``) after each evaluation.
 """
 
 from __future__ import annotations
@@ -13,32 +13,22 @@ import torch
 
 from .base import Callback, is_rank_zero
 from .lr_monitor import param_groups
-from .monitor import MonitorMixin, monitor_value, resolve_mode
+from .monitor import MonitorMixin, missing_monitor, monitor_value, resolve_mode
 
-__all__ = ["ReduceLROnPlateau"]
+__all__ = ["ReduceLROnPlateau", "PlateauRule"]
 
 
-class ReduceLROnPlateau(MonitorMixin, Callback):
-    """Multiply the learning rate by ``factor`` when ``monitor`` stopped improving for ``patience`` evaluations
-    (Paddle's and Keras' ``ReduceLROnPlateau``, Paddle's defaults).
+class PlateauRule(MonitorMixin):
+    """The rule Keras and Paddle share: after ``patience`` observations without improvement (by more than
+    ``min_delta``; ``mode='auto'``: ``'max'`` when ``'acc'`` is in the name) multiply every group's learning rate
+    by ``factor`` (not below ``min_lr``), then wait ``cooldown`` observations."""
 
-    Under ``fleetlite.Model`` it acts after each evaluation in ``fit`` on the evaluation logs (``'loss'``,
-    ``'acc'``; Paddle); under ``fleetlite.Trainer`` at each epoch end on the epoch logs (use e.g.
-    ``monitor='val_loss'``). ``mode='auto'``: ``'max'`` when ``'acc'`` is in the name. Every rank sees the same
-    (reduced) value, so every rank changes its learning rate identically.
-
-    Example::
-
-        model.fit(train_set, val_set, batch_size=64, epochs=20, callbacks=[ReduceLROnPlateau(patience=3)])
-    """
-
-    def __init__(self, monitor: str = "loss", factor: float = 0.1, patience: int = 10, verbose: int = 1,
-                 mode: str = "auto", min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0) -> None:
-        super().__init__()
+    def _configure(self, monitor: str, factor: float, patience: int, verbose: int, mode: str, min_delta: float,
+                   cooldown: int, min_lr: float) -> None:
         if factor >= 1.0:
             raise ValueError("ReduceLROnPlateau does not support a factor >= 1.0.")
         if mode not in ("auto", "min", "max"):
-            warnings.warn(f"Learning rate reduction mode {mode} is unknown, fallback to auto mode.", stacklevel=2)
+            warnings.warn(f"Learning rate reduction mode {mode} is unknown, fallback to auto mode.", stacklevel=3)
             mode = "auto"
         self.monitor, self.factor, self.patience, self.verbose = monitor, factor, patience, verbose
         self.mode, self.min_delta, self.cooldown, self.min_lr = mode, min_delta, cooldown, min_lr
@@ -54,22 +44,9 @@ class ReduceLROnPlateau(MonitorMixin, Callback):
     def in_cooldown(self) -> bool:
         return self.cooldown_counter > 0
 
-    def on_train_begin(self, logs=None):
-        self._reset()
-
-    def on_eval_end(self, logs=None):
-        if getattr(self.trainer, "paddle_hapi", False) and getattr(self.trainer, "fitting", False):
-            self._observe(logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if not getattr(self.trainer, "paddle_hapi", False):
-            self._observe(logs)
-
     def _observe(self, logs) -> None:
         current = monitor_value(logs, self.monitor)
         if current is None:
-            warnings.warn(f"Monitor of ReduceLROnPlateau should be loss or metric name; {self.monitor!r} is not "
-                          f"in the logs (available: {sorted(logs or {})})", stacklevel=3)
             return
         if self.in_cooldown():
             self.cooldown_counter -= 1
@@ -99,3 +76,36 @@ class ReduceLROnPlateau(MonitorMixin, Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.wait = state["best"], state["wait"]
         self.cooldown_counter, self.epoch = state["cooldown_counter"], state["epoch"]
+
+
+class ReduceLROnPlateau(PlateauRule, Callback):
+    """Keras' ``ReduceLROnPlateau(monitor='val_loss', factor=0.1, patience=10, verbose=0, mode='auto',
+    min_delta=1e-4, cooldown=0, min_lr=0.0)``: at each epoch end, on the epoch logs, multiply the learning rate
+    by ``factor`` after ``patience`` epochs without improvement.
+
+    Every rank sees the same (reduced) value, so every rank changes its learning rate identically. Paddle's
+    version (after each evaluation, on the evaluation logs) is :class:`fleetlite.callbacks.ReduceLROnPlateau`.
+
+    Example::
+
+        trainer.fit(data, eval_data=val, epochs=20, callbacks=[ReduceLROnPlateau("val_loss", patience=3)])
+    """
+
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, verbose: int = 0,
+                 mode: str = "auto", min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0) -> None:
+        super().__init__()
+        self._configure(monitor, factor, patience, verbose, mode, min_delta, cooldown, min_lr)
+        self._warned = False
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if monitor_value(logs, self.monitor) is None:
+            if not self._warned and missing_monitor(self.monitor, logs, self.params):
+                warnings.warn(f"ReduceLROnPlateau: monitor {self.monitor!r} is not in the epoch logs (available: "
+                              f"{sorted(logs or {})}); pass one of those, or eval_data to fit for val_* values",
+                              stacklevel=2)
+                self._warned = True
+            return
+        self._observe(logs)

@@ -48,7 +48,7 @@ def test_steps_validation_steps_and_initial_epoch():
 def test_save_top_k_keeps_the_k_best(tmp_path):
     import os
 
-    from fleetlite.callbacks import ModelCheckpoint
+    from fleetlite.trainer.callbacks import ModelCheckpoint
 
     ck = ModelCheckpoint(str(tmp_path), save_freq=None, monitor="val_loss", save_top_k=2)
     x, y = xy(32)

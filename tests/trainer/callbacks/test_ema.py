@@ -8,7 +8,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from trainer_helpers import dataset, mlp, xy
 
 import fleetlite
-from fleetlite.callbacks import EMA, ModelCheckpoint
+from fleetlite.trainer.callbacks import EMA, ModelCheckpoint
 
 
 def _trainer():

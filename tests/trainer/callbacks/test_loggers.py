@@ -10,7 +10,7 @@ from torch import nn
 from trainer_helpers import dataset, mlp
 
 import fleetlite
-from fleetlite.callbacks import CSVLogger, LearningRateMonitor, LRScheduler, TensorBoard
+from fleetlite.trainer.callbacks import CSVLogger, LearningRateMonitor, LRScheduler, TensorBoard
 
 
 def _two_group_trainer(config=None):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from test_hapi_model import MyDataset, MyModel, _model
+from test_model import MyDataset, MyModel, _model
 from trainer_helpers import dataset, trainer
 
 import fleetlite
@@ -15,6 +15,7 @@ from fleetlite import callbacks as C
 from fleetlite.hapi.callbacks import config_callbacks
 from fleetlite.metric import Accuracy
 from fleetlite.testing import run_ranks
+from fleetlite.trainer import callbacks as K  # the Keras face's namespace
 
 
 @pytest.mark.parametrize("verbose", [0, 1, 2])
@@ -95,7 +96,7 @@ def test_reduce_lr_on_plateau_paddle_and_keras():
     with pytest.raises(ValueError, match="factor >= 1.0"):
         C.ReduceLROnPlateau(factor=1.0)
     t = trainer(lr=1e-12)  # Keras: epoch logs, val_loss
-    cb = C.ReduceLROnPlateau("val_loss", factor=0.5, patience=1, verbose=0)
+    cb = K.ReduceLROnPlateau("val_loss", factor=0.5, patience=1, verbose=0)
     t.fit(dataset(16), eval_data=dataset(8, 2), epochs=3, batch_size=8, verbose=0, callbacks=[cb])
     assert t.user_optimizer.param_groups[0]["lr"] == pytest.approx(1e-12 * 0.5 ** 2)
 

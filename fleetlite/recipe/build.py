@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from fleetlite import callbacks as cb
+from fleetlite.trainer import callbacks as cb  # the Trainer's (Keras') callbacks: the recipe runs a Trainer
 from fleetlite.distributed.agreement import from_rank0
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet.recompute import resolve_checkpoints

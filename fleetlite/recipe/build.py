@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from fleetlite.trainer import callbacks as cb  # the Trainer's (Keras') callbacks: the recipe runs a Trainer
 from fleetlite.distributed.agreement import from_rank0
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet.recompute import resolve_checkpoints
 from fleetlite.io import TensorLoader
+from fleetlite.trainer import callbacks as cb  # the Trainer's (Keras') callbacks: the recipe runs a Trainer
 from fleetlite.trainer.connector import resolve_device as rank_device
 from fleetlite.vision import datasets
 from fleetlite.vision.models import build_model as build_vision_model

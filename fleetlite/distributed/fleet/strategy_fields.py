@@ -329,8 +329,6 @@ REFUSED: dict[str, Refusal] = {
     "dgc": Refusal("deep gradient compression", True),
     "localsgd": Refusal("local SGD", True),
     "adaptive_localsgd": Refusal("adaptive local SGD", True),
-    "lars": Refusal("the LARS meta-optimizer", True),
-    "lamb": Refusal("the LAMB meta-optimizer", True),
     "pipeline": Refusal("pipeline parallelism", True),
     "tensor_parallel": Refusal("tensor (model) parallelism", True),
     "hybrid_configs.mp_degree": Refusal("model (tensor) parallelism; set it to 1", True),

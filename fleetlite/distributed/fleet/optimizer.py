@@ -225,6 +225,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` with amp loss scaling when the strategy needs it."""
+        self.meta.record_loss(loss)
         self.amp.backward(loss, **kwargs)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:

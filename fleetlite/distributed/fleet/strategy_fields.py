@@ -327,8 +327,6 @@ class Refusal(NamedTuple):
 REFUSED: dict[str, Refusal] = {
     # LATER: the meta-optimizers and hybrid parallelism are being built (issue 24); enable them here when they land.
     "dgc": Refusal("deep gradient compression", True),
-    "localsgd": Refusal("local SGD", True),
-    "adaptive_localsgd": Refusal("adaptive local SGD", True),
     "pipeline": Refusal("pipeline parallelism", True),
     "tensor_parallel": Refusal("tensor (model) parallelism", True),
     "hybrid_configs.mp_degree": Refusal("model (tensor) parallelism; set it to 1", True),

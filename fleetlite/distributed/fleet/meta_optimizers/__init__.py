@@ -13,14 +13,16 @@ is not applied, with a warning saying so.
 from __future__ import annotations
 
 import torch
+import torch.distributed as tdist
 
 from ....parallel.sharded.rebuild import report_steps_to
 from ....utils.user_warning import warn_user
 from ._names import ParamNames
 from .lamb import Lamb
 from .lars import LarsMomentum
+from .localsgd import AdaptiveAverager, LocalSGDOptimizer
 
-__all__ = ["Lamb", "LarsMomentum", "ParamNames", "MetaOptimizers"]
+__all__ = ["Lamb", "LarsMomentum", "LocalSGDOptimizer", "AdaptiveAverager", "ParamNames", "MetaOptimizers"]
 
 
 def _is_momentum_sgd(opt: torch.optim.Optimizer) -> bool:
@@ -63,9 +65,57 @@ class MetaOptimizers:
                 warn_user(f"strategy.lars is on but the optimizer is {type(optimizer).__name__} without momentum or "
                           "not SGD: LARS needs torch.optim.SGD with momentum > 0 (Paddle's Momentum) and is not "
                           "applied")
-        if self.optimizer is not optimizer:  # a scheduler on the user's optimizer must not warn it never stepped
+        if s.localsgd or s.adaptive_localsgd:
+            self._local_sgd(optimizer, s)
+        if isinstance(self.optimizer, (Lamb, LarsMomentum)):  # a scheduler on the user's optimizer: no warning
             report_steps_to(optimizer, self.optimizer)
 
+    def _local_sgd(self, optimizer: torch.optim.Optimizer, s) -> None:
+        which = "adaptive_localsgd" if s.adaptive_localsgd else "localsgd"
+        if s.localsgd and s.adaptive_localsgd:
+            raise NotImplementedError("strategy.localsgd and strategy.adaptive_localsgd together: Paddle applies "
+                                      "one of them; turn one off")
+        if self.applied:
+            raise NotImplementedError(f"strategy.{which} with strategy.{self.applied[0]}: each replaces the "
+                                      "optimizer (Paddle does not combine them); turn one off")
+        if s.sharding:
+            raise NotImplementedError(f"strategy.{which} with strategy.sharding: the sharded model has no comm "
+                                      "hook to stop the gradient all-reduce; turn one of them off")
+        world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+        if not isinstance(optimizer, torch.optim.SGD) or world <= 1:
+            why = f"the optimizer is {type(optimizer).__name__}, not SGD" if world > 1 else "there is one rank"
+            warn_user(f"strategy.{which} is on but {why}: local SGD needs SGD (with or without momentum) and more "
+                      "than one rank (as in Paddle) and is not applied; training is plain data parallel")
+            return
+        if s.localsgd:
+            cfg = s.localsgd_configs
+            self.optimizer = LocalSGDOptimizer.periodic(optimizer, cfg["k_steps"], cfg["begin_step"])
+        else:
+            cfg = s.adaptive_localsgd_configs
+            averager = AdaptiveAverager(cfg["init_k_steps"], cfg["begin_step"], self._recorded_loss,
+                                        lambda: optimizer.param_groups[0]["lr"])
+            self.optimizer = LocalSGDOptimizer(optimizer, averager, cfg["begin_step"])
+        self.optimizer.after_step = self._forget_loss
+        self.applied.append(which)
+
+    _loss: torch.Tensor | None = None
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """The loss of this step (adaptive_localsgd sets its interval from it)."""
+        self._loss = loss
+
+    def _recorded_loss(self) -> torch.Tensor:
+        if self._loss is None:
+            raise RuntimeError("strategy.adaptive_localsgd sets its averaging interval from the loss: pass it "
+                               "through the optimizer, opt.backward(loss) or opt.minimize(loss), instead of "
+                               "calling loss.backward() yourself")
+        return self._loss
+
+    def _forget_loss(self) -> None:
+        self._loss = None
+
     def attach(self, model: torch.nn.Module) -> None:
-        """Learn the model's parameter names (``exclude_from_weight_decay``)."""
+        """Learn the model's parameter names (``exclude_from_weight_decay``); give it local SGD's comm hook."""
         self.names.add_model(model)
+        if isinstance(self.optimizer, LocalSGDOptimizer):
+            self.optimizer.attach(model)

@@ -18,15 +18,21 @@ import torch.distributed as tdist
 from ....parallel.sharded.rebuild import report_steps_to
 from ....utils.user_warning import warn_user
 from ._names import ParamNames
+from .dgc import DGCMomentum
 from .lamb import Lamb
 from .lars import LarsMomentum
 from .localsgd import AdaptiveAverager, LocalSGDOptimizer
 
-__all__ = ["Lamb", "LarsMomentum", "LocalSGDOptimizer", "AdaptiveAverager", "ParamNames", "MetaOptimizers"]
+__all__ = ["Lamb", "LarsMomentum", "DGCMomentum", "LocalSGDOptimizer", "AdaptiveAverager", "ParamNames",
+           "MetaOptimizers"]
 
 
 def _is_momentum_sgd(opt: torch.optim.Optimizer) -> bool:
     return isinstance(opt, torch.optim.SGD) and any(float(g.get("momentum", 0)) > 0 for g in opt.param_groups)
+
+
+def _world() -> int:
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
 
 
 class MetaOptimizers:
@@ -67,7 +73,9 @@ class MetaOptimizers:
                           "applied")
         if s.localsgd or s.adaptive_localsgd:
             self._local_sgd(optimizer, s)
-        if isinstance(self.optimizer, (Lamb, LarsMomentum)):  # a scheduler on the user's optimizer: no warning
+        if s.dgc:
+            self._dgc(optimizer, s)
+        if isinstance(self.optimizer, (Lamb, LarsMomentum, DGCMomentum)):  # no "never stepped" from a scheduler
             report_steps_to(optimizer, self.optimizer)
 
     def _local_sgd(self, optimizer: torch.optim.Optimizer, s) -> None:
@@ -81,7 +89,7 @@ class MetaOptimizers:
         if s.sharding:
             raise NotImplementedError(f"strategy.{which} with strategy.sharding: the sharded model has no comm "
                                       "hook to stop the gradient all-reduce; turn one of them off")
-        world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+        world = _world()
         if not isinstance(optimizer, torch.optim.SGD) or world <= 1:
             why = f"the optimizer is {type(optimizer).__name__}, not SGD" if world > 1 else "there is one rank"
             warn_user(f"strategy.{which} is on but {why}: local SGD needs SGD (with or without momentum) and more "
@@ -97,6 +105,28 @@ class MetaOptimizers:
             self.optimizer = LocalSGDOptimizer(optimizer, averager, cfg["begin_step"])
         self.optimizer.after_step = self._forget_loss
         self.applied.append(which)
+
+    def _dgc(self, optimizer: torch.optim.Optimizer, s) -> None:
+        if self.applied:
+            raise NotImplementedError(f"strategy.dgc with strategy.{self.applied[0]}: Paddle does not combine "
+                                      "them; turn one off")
+        for flag, why in (("sharding", "the sharded model has no comm hook"),
+                          ("fp16_allreduce", "DGC sends float32 values and indices, not a float16 all-reduce")):
+            if getattr(s, flag):
+                raise NotImplementedError(f"strategy.dgc with strategy.{flag}: {why}; turn one of them off")
+        if not _is_momentum_sgd(optimizer) or _world() <= 1:
+            why = "there is one rank" if _world() <= 1 else f"the optimizer is {type(optimizer).__name__}"
+            warn_user(f"strategy.dgc is on but {why}: DGC needs torch.optim.SGD with momentum > 0 (Paddle's "
+                      "Momentum) and more than one rank, and is not applied; training is dense data parallel")
+            return
+        cfg = s.dgc_configs
+        self.optimizer = DGCMomentum(optimizer, cfg["rampup_begin_step"], cfg["rampup_step"], cfg["sparsity"])
+        self.applied.append("dgc")
+
+    @property
+    def dgc_state(self):
+        """The DGC hook's state (step count, bytes sent per step), or None without strategy.dgc."""
+        return self.optimizer.dgc_state if isinstance(self.optimizer, DGCMomentum) else None
 
     _loss: torch.Tensor | None = None
 
@@ -115,7 +145,7 @@ class MetaOptimizers:
         self._loss = None
 
     def attach(self, model: torch.nn.Module) -> None:
-        """Learn the model's parameter names (``exclude_from_weight_decay``); give it local SGD's comm hook."""
+        """Learn the model's parameter names (``exclude_from_weight_decay``); give it local SGD's or DGC's comm hook."""
         self.names.add_model(model)
-        if isinstance(self.optimizer, LocalSGDOptimizer):
+        if isinstance(self.optimizer, (LocalSGDOptimizer, DGCMomentum)):
             self.optimizer.attach(model)

@@ -337,5 +337,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             extras.append(f"sharding=stage{self.strategy.sharding_stage}")
         if self.amp.enabled:
             extras.append(repr(self.amp))
+        extras.extend(self.meta.applied)
         tail = (", " + ", ".join(extras)) if extras else ""
         return f"DistributedOptimizer({type(self.user_opt).__name__}{tail})"

@@ -74,8 +74,26 @@ def _fleet(rank, world, configs, steps, with_dense):
             dense_opt.step()
             dense_flats.append(_flat(dense))
     state = opt.meta.dgc_state
-    return {"flats": flats, "dense_flats": dense_flats, "bytes": list(state.bytes_per_step),
+    resumed = _resume_state(configs, net, opt) if with_dense else None
+    return {"resumed": resumed, "flats": flats, "dense_flats": dense_flats, "bytes": list(state.bytes_per_step),
             "loss": _eval_loss(model), "dense_loss": _eval_loss(dense) if with_dense else None}
+
+
+def _resume_state(configs, net, opt):
+    """A fresh fleet optimizer loading ``opt.state_dict()`` gets the hook's step count, u, v and momentum buffers."""
+    saved = opt.state_dict()
+    fresh_fleet(DistributedStrategy(dgc=True, dgc_configs=configs))
+    twin = fleet.distributed_model(copy.deepcopy(net))
+    opt2 = fleet.distributed_optimizer(torch.optim.SGD(twin.parameters(), lr=LR, momentum=MU))
+    opt2.load_state_dict(saved)
+    a, b = opt.meta.dgc_state, opt2.meta.dgc_state
+    pairs = list(zip(net.parameters(), twin.parameters()))
+    return (a.iter == b.iter and a.compressed_step == b.compressed_step
+            and all(torch.equal(a._u[id(p)], b._u[id(q)]) and torch.equal(a._v[id(p)], b._v[id(q)])
+                    for p, q in pairs if id(p) in a._u)
+            and all(torch.equal(opt.inner_opt.state[p]["momentum_buffer"], opt2.inner_opt.state[q]["momentum_buffer"])
+                    for p, q in pairs if "momentum_buffer" in opt.inner_opt.state[p])
+            and opt2.inner_opt.inner.state is opt2.inner_opt.state and len(a._u) == 1)
 
 
 def _reference(configs, steps):
@@ -132,6 +150,7 @@ def test_dgc_is_dense_before_rampup_then_follows_paddles_kernel():
         for step in range(4):  # before rampup_begin_step: exactly dense data parallel
             assert torch.equal(flats[step], dense_flats[step]), step
         assert not torch.equal(flats[4], dense_flats[4])
+        assert out[r]["resumed"]  # a checkpoint carries the DGC state
         for step in range(steps):
             torch.testing.assert_close(flats[step], ref[step], rtol=0, atol=1e-6, msg=f"rank {r} step {step}")
 

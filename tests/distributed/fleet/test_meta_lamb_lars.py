@@ -146,3 +146,39 @@ def test_refused_combinations(single):
     model = fleet.distributed_model(MLP())
     with pytest.raises(NotImplementedError, match="amsgrad"):
         fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), amsgrad=True))
+
+
+@pytest.mark.parametrize("flag, make", [
+    ("lamb", lambda ps: torch.optim.Adam(ps, lr=0.01)),
+    ("lars", lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9)),
+])
+def test_a_checkpoint_resumes_exactly_and_keeps_the_scheduler_link(single, flag, make):
+    cfg = {"lamb_configs": {"exclude_from_weight_decay": ["bias"]}} if flag == "lamb" else {}
+    single(**{flag: True}, **cfg)
+    torch.manual_seed(0)
+    net = MLP()
+    twin = copy.deepcopy(net)
+    model = fleet.distributed_model(net)
+    opt = fleet.distributed_optimizer(make(model.parameters()))
+    _train(model, opt)  # STEPS steps
+    saved_model, saved_opt = copy.deepcopy(net.state_dict()), copy.deepcopy(opt.state_dict())
+    for t in range(STEPS + 1, STEPS + 3):  # uninterrupted: two more steps
+        x, y = batch(t, 0)
+        opt.clear_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    single(**{flag: True}, **cfg)
+    twin.load_state_dict(saved_model)
+    resumed = fleet.distributed_model(twin)
+    user_opt = make(resumed.parameters())
+    opt2 = fleet.distributed_optimizer(user_opt)
+    opt2.load_state_dict(saved_opt)
+    for t in range(STEPS + 1, STEPS + 3):
+        x, y = batch(t, 0)
+        opt2.clear_grad()
+        F.cross_entropy(resumed(x), y).backward()
+        opt2.step()
+    _assert_same(resumed, net)
+    user_opt.param_groups[0]["lr"] = 0.123  # a scheduler on the user's optimizer still drives the step
+    assert opt2.inner_opt.param_groups[0]["lr"] == 0.123

@@ -17,7 +17,7 @@ import torch.distributed as tdist
 
 from ....parallel.sharded.rebuild import report_steps_to
 from ....utils.user_warning import warn_user
-from ._names import ParamNames
+from ._common import ParamNames
 from .dgc import DGCMomentum
 from .lamb import Lamb
 from .lars import LarsMomentum

@@ -33,11 +33,14 @@ from typing import Any
 import torch
 
 from ....parallel.dgc_hook import DGCState, dgc_hook
+from ._common import SharedGroupsOptimizer
 
 __all__ = ["DGCMomentum", "DGCState"]
 
+_KEY = "fleet_dgc"
 
-class DGCMomentum(torch.optim.Optimizer):
+
+class DGCMomentum(SharedGroupsOptimizer):
     """The optimizer side of DGC over a ``torch.optim.SGD`` with momentum (the same group dicts).
 
     Example::
@@ -57,6 +60,9 @@ class DGCMomentum(torch.optim.Optimizer):
         momentum = {float(g["momentum"]) for g in inner.param_groups}
         if len(momentum) != 1:
             raise NotImplementedError(f"strategy.dgc needs one momentum for all parameter groups, got {momentum}")
+        if any(g.get("maximize") for g in inner.param_groups):
+            raise NotImplementedError("strategy.dgc with maximize=True is not supported; minimise the negated "
+                                      "objective or turn strategy.dgc off")
         self.inner = inner
         self.dgc_state = DGCState(momentum.pop(), rampup_begin_step, rampup_step, sparsity)
         for g in inner.param_groups:
@@ -65,6 +71,7 @@ class DGCMomentum(torch.optim.Optimizer):
                     self.dgc_state.l2[id(p)] = float(g["weight_decay"])
         self.attached = False
         super().__init__(inner.param_groups, {})
+        self.state = inner.state  # one set of momentum buffers: torch SGD's (dense phase) and ours (after rampup)
 
     def attach(self, model: torch.nn.Module) -> None:
         """Register the DGC hook on the data-parallel model (once)."""
@@ -72,13 +79,28 @@ class DGCMomentum(torch.optim.Optimizer):
             model.register_comm_hook(self.dgc_state, dgc_hook)
             self.attached = True
 
-    @property
-    def state(self):  # the momentum buffers are torch SGD's, so a dense phase and a checkpoint read the same
-        return self.inner.state
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
 
-    @state.setter
-    def state(self, value) -> None:  # torch.optim.Optimizer.__init__ assigns it
-        pass
+    def state_dict(self) -> dict[str, Any]:
+        """torch SGD's state plus the hook's step count and ``u``/``v`` accumulators (by parameter index)."""
+        state = super().state_dict()
+        st, index = self.dgc_state, {id(p): i for i, p in enumerate(self._params())}
+        state[_KEY] = {"iter": st.iter, "compressed_step": st.compressed_step,
+                       "u": {index[k]: t.clone() for k, t in st._u.items()},
+                       "v": {index[k]: t.clone() for k, t in st._v.items()}}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        extra = state.pop(_KEY, None)
+        super().load_state_dict(state)
+        self.inner.state = self.state  # torch's load built a new state dict: share it again
+        if extra is not None:
+            st, params = self.dgc_state, self._params()
+            st.iter, st.compressed_step = int(extra["iter"]), bool(extra["compressed_step"])
+            st._u = {id(params[int(i)]): t.clone() for i, t in extra["u"].items()}
+            st._v = {id(params[int(i)]): t.clone() for i, t in extra["v"].items()}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

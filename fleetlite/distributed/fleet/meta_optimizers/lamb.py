@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from ._names import ParamNames
+from ._common import ParamNames, SharedGroupsOptimizer
 
 __all__ = ["Lamb"]
 
 
-class Lamb(torch.optim.Optimizer):
+class Lamb(SharedGroupsOptimizer):
     """Paddle's LAMB over the parameter groups of an Adam/AdamW optimizer (the same group dicts).
 
     Learning rate, betas and eps are read from each group at every step, so a
@@ -54,6 +54,9 @@ class Lamb(torch.optim.Optimizer):
         if any(g.get("amsgrad") for g in inner.param_groups):
             raise NotImplementedError("strategy.lamb with Adam(amsgrad=True): LAMB has no AMSGrad form; build the "
                                       "optimizer with amsgrad=False or turn strategy.lamb off")
+        if any(g.get("maximize") for g in inner.param_groups):
+            raise NotImplementedError("strategy.lamb with maximize=True is not supported; minimise the negated "
+                                      "objective or turn strategy.lamb off")
         self.inner = inner
         self.lamb_weight_decay = float(lamb_weight_decay)
         self.exclude = list(exclude_from_weight_decay)

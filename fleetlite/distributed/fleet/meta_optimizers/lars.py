@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from ._names import ParamNames
+from ._common import ParamNames, SharedGroupsOptimizer
 
 __all__ = ["LarsMomentum"]
 
 
-class LarsMomentum(torch.optim.Optimizer):
+class LarsMomentum(SharedGroupsOptimizer):
     """Paddle's LARS momentum over the parameter groups of a ``torch.optim.SGD`` with momentum.
 
     Example::
@@ -52,6 +52,9 @@ class LarsMomentum(torch.optim.Optimizer):
             if g.get("nesterov") or g.get("dampening"):
                 raise NotImplementedError("strategy.lars with SGD(nesterov=True) or dampening != 0: Paddle's LARS "
                                           "momentum has neither; build SGD without them or turn strategy.lars off")
+        if any(g.get("maximize") for g in inner.param_groups):
+            raise NotImplementedError("strategy.lars with maximize=True is not supported; minimise the negated "
+                                      "objective or turn strategy.lars off")
         self.inner = inner
         self.lars_coeff, self.lars_weight_decay, self.epsilon = float(lars_coeff), float(lars_weight_decay), float(
             epsilon)

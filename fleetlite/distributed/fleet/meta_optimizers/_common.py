@@ -33,3 +33,20 @@ class ParamNames:
                              f"shape {tuple(param.shape)} belongs to no model fleetlite has seen; wrap the model "
                              "with fleet.distributed_model before the first step (or leave the list empty)")
         return name
+
+
+class SharedGroupsOptimizer(torch.optim.Optimizer):
+    """An optimizer that steps over another optimizer's ``param_groups`` (the same dicts, ``self.inner``'s).
+
+    A scheduler built on the user's optimizer keeps driving it. torch's
+    ``load_state_dict`` builds new group dicts; they are copied back into the
+    shared ones so the link survives a checkpoint load.
+    """
+
+    inner: torch.optim.Optimizer
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        for mine, theirs in zip(self.param_groups, self.inner.param_groups):
+            theirs.update({k: v for k, v in mine.items() if k != "params"})
+        self.param_groups = self.inner.param_groups

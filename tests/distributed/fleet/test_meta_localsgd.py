@@ -38,6 +38,18 @@ def _ranks(rank, world, strategy, adaptive):
             loss.backward()
             opt.step()
         flats.append(_flat(model))
+    # a checkpoint resumes the schedule: the averager's step (and adaptive interval) and the hook's step count
+    saved = opt.state_dict()
+    fresh_fleet(DistributedStrategy.from_dict(strategy))
+    opt2 = fleet.distributed_optimizer(torch.optim.SGD(fleet.distributed_model(MLP()).parameters(), lr=LR,
+                                                       momentum=0.9))
+    opt2.load_state_dict(saved)
+    a, b = opt.inner_opt, opt2.inner_opt
+    assert b.averager.step == a.averager.step == STEPS and b.hook_state.iter == a.hook_state.iter
+    if adaptive:
+        assert b.averager.state_dict() == a.averager.state_dict()
+    opt2.set_lr(0.01)
+    assert opt2.inner_opt.optim.param_groups[0]["lr"] == 0.01
     return flats, losses
 
 

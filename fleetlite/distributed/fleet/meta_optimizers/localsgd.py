@@ -174,6 +174,7 @@ class LocalSGDOptimizer(PostLocalSGDOptimizer):
         state = dict(state_dict)
         extra = state.pop(_EXTRA, None)
         super().load_state_dict(state)
+        self.param_groups = self.optim.param_groups  # torch's load built new groups: follow them (set_lr, schedulers)
         if extra is not None and isinstance(self.averager, AdaptiveAverager):
             self.averager.load_state_dict(extra)
         self.hook_state.iter = min(int(self.averager.step), self.hook_state.start_localSGD_iter)

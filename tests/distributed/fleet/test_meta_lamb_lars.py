@@ -182,3 +182,20 @@ def test_a_checkpoint_resumes_exactly_and_keeps_the_scheduler_link(single, flag,
     _assert_same(resumed, net)
     user_opt.param_groups[0]["lr"] = 0.123  # a scheduler on the user's optimizer still drives the step
     assert opt2.inner_opt.param_groups[0]["lr"] == 0.123
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"lamb": True, "lars": True}, "lamb and strategy.lars"),
+    ({"lamb": True, "localsgd": True}, "lamb and strategy.localsgd"),
+    ({"localsgd": True, "adaptive_localsgd": True}, "localsgd and strategy.adaptive_localsgd"),
+    ({"dgc": True, "fp16_allreduce": True}, "dgc with strategy.fp16_allreduce"),
+    ({"localsgd": True, "dgc": True}, "localsgd and strategy.dgc"),
+    ({"dgc": True, "amp": True}, "dgc with float16 amp"),
+])
+def test_meta_optimizers_that_do_not_combine_are_refused(single, fields, match):
+    single(**fields)
+    adam = fields.get("lamb", False)
+    model = fleet.distributed_model(MLP())
+    opt = torch.optim.Adam(model.parameters()) if adam else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(NotImplementedError, match=match):
+        fleet.distributed_optimizer(opt)

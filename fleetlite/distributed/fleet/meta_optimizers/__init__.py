@@ -35,6 +35,24 @@ def _world() -> int:
     return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
 
 
+def _refuse_combinations(s) -> None:
+    """NotImplementedError for meta-optimizers that do not combine (with each other, sharding, fp16_allreduce)."""
+    on = [f for f in ("lamb", "lars", "localsgd", "adaptive_localsgd", "dgc") if getattr(s, f)]
+    if len(on) > 1:
+        raise NotImplementedError(f"strategy.{on[0]} and strategy.{on[1]} together: each replaces the optimizer or "
+                                  "the gradient exchange, and Paddle does not combine them; turn one off")
+    if on and s.sharding:
+        raise NotImplementedError(f"strategy.{on[0]} with strategy.sharding: the sharded optimizer is rebuilt from "
+                                  "the optimizer's class and the sharded model has no comm hook; turn one off")
+    if on == ["dgc"] and s.fp16_allreduce:
+        raise NotImplementedError("strategy.dgc with strategy.fp16_allreduce: DGC sends float32 values and "
+                                  "indices, not a float16 all-reduce; turn one of them off")
+    if on == ["dgc"] and s.amp and s.amp_configs["dtype"] == "float16":
+        raise NotImplementedError("strategy.dgc with float16 amp: the hook would accumulate loss-scaled gradients, "
+                                  "and one overflow step would leave inf in its accumulators for good; use "
+                                  "amp_configs['dtype'] = 'bfloat16' (no loss scaling) or turn one off")
+
+
 class MetaOptimizers:
     """The meta-optimizers a strategy turns on, for one ``DistributedOptimizer``.
 
@@ -46,12 +64,7 @@ class MetaOptimizers:
         self.optimizer = optimizer
         self.applied: list[str] = []
         s = strategy
-        if (s.lamb or s.lars) and s.sharding:
-            raise NotImplementedError("strategy.lamb / strategy.lars with strategy.sharding: the sharded optimizer "
-                                      "is rebuilt from the optimizer's class; turn one of them off")
-        if s.lamb and s.lars:
-            raise NotImplementedError("strategy.lamb and strategy.lars together: each replaces the optimizer "
-                                      "(Paddle applies only one); turn one off")
+        _refuse_combinations(s)
         if s.lamb:
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
                 cfg = s.lamb_configs
@@ -80,15 +93,6 @@ class MetaOptimizers:
 
     def _local_sgd(self, optimizer: torch.optim.Optimizer, s) -> None:
         which = "adaptive_localsgd" if s.adaptive_localsgd else "localsgd"
-        if s.localsgd and s.adaptive_localsgd:
-            raise NotImplementedError("strategy.localsgd and strategy.adaptive_localsgd together: Paddle applies "
-                                      "one of them; turn one off")
-        if self.applied:
-            raise NotImplementedError(f"strategy.{which} with strategy.{self.applied[0]}: each replaces the "
-                                      "optimizer (Paddle does not combine them); turn one off")
-        if s.sharding:
-            raise NotImplementedError(f"strategy.{which} with strategy.sharding: the sharded model has no comm "
-                                      "hook to stop the gradient all-reduce; turn one of them off")
         world = _world()
         if not isinstance(optimizer, torch.optim.SGD) or world <= 1:
             why = f"the optimizer is {type(optimizer).__name__}, not SGD" if world > 1 else "there is one rank"
@@ -107,13 +111,6 @@ class MetaOptimizers:
         self.applied.append(which)
 
     def _dgc(self, optimizer: torch.optim.Optimizer, s) -> None:
-        if self.applied:
-            raise NotImplementedError(f"strategy.dgc with strategy.{self.applied[0]}: Paddle does not combine "
-                                      "them; turn one off")
-        for flag, why in (("sharding", "the sharded model has no comm hook"),
-                          ("fp16_allreduce", "DGC sends float32 values and indices, not a float16 all-reduce")):
-            if getattr(s, flag):
-                raise NotImplementedError(f"strategy.dgc with strategy.{flag}: {why}; turn one of them off")
         if not _is_momentum_sgd(optimizer) or _world() <= 1:
             why = "there is one rank" if _world() <= 1 else f"the optimizer is {type(optimizer).__name__}"
             warn_user(f"strategy.dgc is on but {why}: DGC needs torch.optim.SGD with momentum > 0 (Paddle's "

@@ -21,8 +21,8 @@ local gradient inside the hook (Paddle's L2 regularisation in its kernel).
 ``DGCMomentumOptimizer`` default ``[0.999]``. Local gradient clipping
 (``local_grad_clip_norm``, Paddle's ``ClipGradByNorm`` on the optimizer) has
 no strategy key; set ``opt.meta.dgc_state.local_grad_clip_norm``.
-``nesterov``/``dampening``, fp16_allreduce, sharding and local SGD together
-with DGC are refused.
+``nesterov``/``dampening``/``maximize``, fp16_allreduce, float16 amp (loss
+scaling), sharding and the other meta-optimizers together with DGC are refused.
 """
 
 from __future__ import annotations

@@ -88,7 +88,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``torch.optim.Optimizer`` (learning-rate schedulers accept it) whose
     ``param_groups`` are the wrapped optimizer's. ``inner_opt`` is the
     optimizer that actually steps (a ``ZeroRedundancyOptimizer`` with
-    sharding, else the one given); ``stepped`` tells whether the last
+    sharding, a meta-optimizer's over the given one's groups with ``lamb``,
+    ``lars``, ``localsgd``/``adaptive_localsgd`` or ``dgc``, else the one
+    given); ``meta`` holds the meta-optimizers (``meta.dgc_state``); ``stepped`` tells whether the last
     ``step()`` changed the parameters (False inside a gradient-merge window
     or when amp skipped an inf/nan step); ``merge`` is the gradient-merge window.
 
@@ -120,7 +122,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    strategy.gradient_merge_configs["avg"])
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
-        self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars: the optimizer that steps in its place
+        self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars/localsgd/dgc: what steps in its place
         self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else self.meta.optimizer
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
 

@@ -14,17 +14,21 @@ Note [DGC step]
     arithmetic, so training is identical to dense data parallel). From then
     on, for each parameter that is compressed (float32 with at least
     ``min_numel`` elements, Paddle's 16384; the others stay dense) with local
-    gradient ``g`` (plus ``l2 * w`` when its optimizer has weight decay,
-    Paddle's regularisation inside the kernel)::
+    gradient ``g`` (the gradient of this rank's mean loss)::
 
-        g = clip_by_norm(g, local_grad_clip_norm / sqrt(world))   # local clipping, when set
+        g = clip_by_norm(g, local_grad_clip_norm * sqrt(world))   # local clipping, when set
+        g = g + l2 * w                                            # the optimizer's weight decay, if any
         u = m * u + g                                             # momentum correction
         v = v + u                                                 # local accumulation
         idx = top-k of |v|, k = int(numel * (1 - sparsity))       # sparsification
         send (v[idx], idx);  v[idx] = 0;  u[idx] = 0              # momentum factor masking
 
     ``sparsity`` is ``sparsity[int((step - rampup_begin_step) * len(sparsity) / rampup_step)]``,
-    the last entry once past the end (Paddle's ``get_period_sparcity``). One
+    the last entry once past the end (Paddle's ``get_period_sparcity``).
+    Clipping: Paddle's local gradient is ours divided by the world size N
+    (its loss is divided by N) and is clipped to ``clip_norm / sqrt(N)``
+    (the paper's N^-1/2 rule), which is ours clipped to ``clip_norm * sqrt(N)``;
+    the decay term is added after clipping, as Paddle's kernel does. One
     ``all_gather`` per bucket carries, from every rank, the dense gradients of
     the uncompressed parameters and the selected values with their indices
     (int32 bit patterns in the float buffer); the result is the sum over the
@@ -127,14 +131,14 @@ def dgc_hook(state: DGCState, bucket) -> torch.futures.Future[torch.Tensor]:
                 offset += n
                 continue
             grad = flat.clone()
-            coeff = state.l2.get(id(p), 0.0)
-            if coeff:
-                grad.add_(p.detach().reshape(-1), alpha=coeff)
             if state.local_grad_clip_norm is not None:
-                limit = state.local_grad_clip_norm / math.sqrt(world)
+                limit = state.local_grad_clip_norm * math.sqrt(world)  # Note [DGC step]: Paddle's clip, our scale
                 norm = float(torch.linalg.vector_norm(grad))
                 if norm > limit:
                     grad.mul_(limit / norm)
+            coeff = state.l2.get(id(p), 0.0)
+            if coeff:
+                grad.add_(p.detach().reshape(-1), alpha=coeff)
             key = id(p)
             if key not in state._u:
                 state._u[key], state._v[key] = torch.zeros_like(grad), torch.zeros_like(grad)

@@ -52,7 +52,7 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
-def _fleet(rank, world, configs, steps, with_dense):
+def _fleet(rank, world, configs, steps, with_dense, clip=None):
     fresh_fleet(DistributedStrategy(dgc=True, dgc_configs=configs))
     torch.manual_seed(0)
     net = Wide()
@@ -61,6 +61,7 @@ def _fleet(rank, world, configs, steps, with_dense):
     model = fleet.distributed_model(net)
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MU))
     assert isinstance(opt.inner_opt, DGCMomentum)
+    opt.meta.dgc_state.local_grad_clip_norm = clip  # Paddle takes it from the optimizer's ClipGradByNorm
     flats, dense_flats = [], []
     for step in range(steps):
         x, y = _data(step, rank)
@@ -96,7 +97,7 @@ def _resume_state(configs, net, opt):
             and opt2.inner_opt.inner.state is opt2.inner_opt.state and len(a._u) == 1)
 
 
-def _reference(configs, steps):
+def _reference(configs, steps, clip=None):
     """Both ranks by hand from Paddle's dgc kernel: dense momentum SGD before rampup_begin_step; then for fc1.weight
     u = m u + g, v += u, top-k of |v| sent and zeroed in u and v, the sum over ranks / 2 applied as SGD; the other
     parameters all-reduced and stepped with torch's momentum."""
@@ -121,7 +122,11 @@ def _reference(configs, steps):
                     k = int(16384 * (1 - s))
                     out = torch.zeros(16384)
                     for r in range(WORLD):
-                        u[r].mul_(MU).add_(grads[r][n].reshape(-1))
+                        g = grads[r][n].reshape(-1)
+                        if clip is not None:  # Paddle clips g / N to clip / sqrt(N): g to clip * sqrt(N)
+                            limit, norm = clip * WORLD ** 0.5, float(g.norm())
+                            g = g * (limit / norm) if norm > limit else g
+                        u[r].mul_(MU).add_(g)
                         v[r].add_(u[r])
                         idx = torch.topk(v[r].abs(), k, sorted=False).indices
                         out.index_add_(0, idx, v[r][idx])
@@ -140,11 +145,12 @@ def _reference(configs, steps):
 
 
 @pytest.mark.timeout(300)
-def test_dgc_is_dense_before_rampup_then_follows_paddles_kernel():
+@pytest.mark.parametrize("clip", [None, 0.01])  # 0.01: fc1.weight's gradient is clipped at every step
+def test_dgc_is_dense_before_rampup_then_follows_paddles_kernel(clip):
     configs = {"rampup_begin_step": 4, "rampup_step": 4, "sparsity": [0.9, 0.99]}
     steps = 10
-    out = run_ranks(_fleet, args=(configs, steps), kwargs={"with_dense": True})
-    ref = _reference(configs, steps)
+    out = run_ranks(_fleet, args=(configs, steps), kwargs={"with_dense": True, "clip": clip})
+    ref = _reference(configs, steps, clip)
     for r in range(WORLD):
         flats, dense_flats = out[r]["flats"], out[r]["dense_flats"]
         for step in range(4):  # before rampup_begin_step: exactly dense data parallel

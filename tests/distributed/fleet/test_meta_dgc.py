@@ -52,14 +52,14 @@ def _flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
-def _fleet(rank, world, configs, steps, with_dense, clip=None):
+def _fleet(rank, world, configs, steps, with_dense, clip=None, wd=0.0):
     fresh_fleet(DistributedStrategy(dgc=True, dgc_configs=configs))
     torch.manual_seed(0)
     net = Wide()
     dense = fleetlite.DataParallel(copy.deepcopy(net)) if with_dense else None
-    dense_opt = torch.optim.SGD(dense.parameters(), lr=LR, momentum=MU) if with_dense else None
+    dense_opt = torch.optim.SGD(dense.parameters(), lr=LR, momentum=MU, weight_decay=wd) if with_dense else None
     model = fleet.distributed_model(net)
-    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MU))
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MU, weight_decay=wd))
     assert isinstance(opt.inner_opt, DGCMomentum)
     opt.meta.dgc_state.local_grad_clip_norm = clip  # Paddle takes it from the optimizer's ClipGradByNorm
     flats, dense_flats = [], []
@@ -75,17 +75,17 @@ def _fleet(rank, world, configs, steps, with_dense, clip=None):
             dense_opt.step()
             dense_flats.append(_flat(dense))
     state = opt.meta.dgc_state
-    resumed = _resume_state(configs, net, opt) if with_dense else None
+    resumed = _resume_state(configs, net, opt, wd) if with_dense else None
     return {"resumed": resumed, "flats": flats, "dense_flats": dense_flats, "bytes": list(state.bytes_per_step),
             "loss": _eval_loss(model), "dense_loss": _eval_loss(dense) if with_dense else None}
 
 
-def _resume_state(configs, net, opt):
+def _resume_state(configs, net, opt, wd):
     """A fresh fleet optimizer loading ``opt.state_dict()`` gets the hook's step count, u, v and momentum buffers."""
     saved = opt.state_dict()
     fresh_fleet(DistributedStrategy(dgc=True, dgc_configs=configs))
     twin = fleet.distributed_model(copy.deepcopy(net))
-    opt2 = fleet.distributed_optimizer(torch.optim.SGD(twin.parameters(), lr=LR, momentum=MU))
+    opt2 = fleet.distributed_optimizer(torch.optim.SGD(twin.parameters(), lr=LR, momentum=MU, weight_decay=wd))
     opt2.load_state_dict(saved)
     a, b = opt.meta.dgc_state, opt2.meta.dgc_state
     pairs = list(zip(net.parameters(), twin.parameters()))
@@ -97,7 +97,7 @@ def _resume_state(configs, net, opt):
             and opt2.inner_opt.inner.state is opt2.inner_opt.state and len(a._u) == 1)
 
 
-def _reference(configs, steps, clip=None):
+def _reference(configs, steps, clip=None, wd=0.0):
     """Both ranks by hand from Paddle's dgc kernel: dense momentum SGD before rampup_begin_step; then for fc1.weight
     u = m u + g, v += u, top-k of |v| sent and zeroed in u and v, the sum over ranks / 2 applied as SGD; the other
     parameters all-reduced and stepped with torch's momentum."""
@@ -126,7 +126,7 @@ def _reference(configs, steps, clip=None):
                         if clip is not None:  # Paddle clips g / N to clip / sqrt(N): g to clip * sqrt(N)
                             limit, norm = clip * WORLD ** 0.5, float(g.norm())
                             g = g * (limit / norm) if norm > limit else g
-                        u[r].mul_(MU).add_(g)
+                        u[r].mul_(MU).add_(g + wd * p.reshape(-1))  # Paddle's L2 inside the dgc kernel
                         v[r].add_(u[r])
                         idx = torch.topk(v[r].abs(), k, sorted=False).indices
                         out.index_add_(0, idx, v[r][idx])
@@ -138,6 +138,7 @@ def _reference(configs, steps, clip=None):
                     g = (torch.zeros_like(p) + grads[0][n] + grads[1][n]) * 0.5
                 else:
                     g = grads[0][n] * 0.5 + grads[1][n] * 0.5
+                g = g + wd * p  # torch SGD's weight decay on the dense gradients
                 bufs[n] = g.clone() if n not in bufs else bufs[n].mul_(MU).add_(g)
                 p.add_(bufs[n], alpha=-LR)
         flats.append(_flat(model))
@@ -145,12 +146,12 @@ def _reference(configs, steps, clip=None):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("clip", [None, 0.01])  # 0.01: fc1.weight's gradient is clipped at every step
-def test_dgc_is_dense_before_rampup_then_follows_paddles_kernel(clip):
+@pytest.mark.parametrize("clip, wd", [(None, 0.0), (0.01, 1e-3)])  # 0.01: fc1.weight's gradient is always clipped
+def test_dgc_is_dense_before_rampup_then_follows_paddles_kernel(clip, wd):
     configs = {"rampup_begin_step": 4, "rampup_step": 4, "sparsity": [0.9, 0.99]}
     steps = 10
-    out = run_ranks(_fleet, args=(configs, steps), kwargs={"with_dense": True, "clip": clip})
-    ref = _reference(configs, steps, clip)
+    out = run_ranks(_fleet, args=(configs, steps), kwargs={"with_dense": True, "clip": clip, "wd": wd})
+    ref = _reference(configs, steps, clip, wd)
     for r in range(WORLD):
         flats, dense_flats = out[r]["flats"], out[r]["dense_flats"]
         for step in range(4):  # before rampup_begin_step: exactly dense data parallel

@@ -21,10 +21,19 @@ from ._common import ParamNames
 from .dgc import DGCMomentum
 from .lamb import Lamb
 from .lars import LarsMomentum
-from .localsgd import AdaptiveAverager, LocalSGDOptimizer
 
 __all__ = ["Lamb", "LarsMomentum", "DGCMomentum", "LocalSGDOptimizer", "AdaptiveAverager", "ParamNames",
            "MetaOptimizers"]
+
+_LAZY = {"LocalSGDOptimizer", "AdaptiveAverager"}  # torch.distributed.optim takes ~1 s to import: only when used
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import localsgd
+
+        return getattr(localsgd, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_momentum_sgd(opt: torch.optim.Optimizer) -> bool:
@@ -99,6 +108,8 @@ class MetaOptimizers:
             warn_user(f"strategy.{which} is on but {why}: local SGD needs SGD (with or without momentum) and more "
                       "than one rank (as in Paddle) and is not applied; training is plain data parallel")
             return
+        from .localsgd import AdaptiveAverager, LocalSGDOptimizer
+
         if s.localsgd:
             cfg = s.localsgd_configs
             self.optimizer = LocalSGDOptimizer.periodic(optimizer, cfg["k_steps"], cfg["begin_step"])
@@ -144,5 +155,5 @@ class MetaOptimizers:
     def attach(self, model: torch.nn.Module) -> None:
         """Learn the model's parameter names (``exclude_from_weight_decay``); give it local SGD's or DGC's comm hook."""
         self.names.add_model(model)
-        if isinstance(self.optimizer, (LocalSGDOptimizer, DGCMomentum)):
+        if self.applied and hasattr(self.optimizer, "attach"):  # LocalSGDOptimizer, DGCMomentum: their comm hook
             self.optimizer.attach(model)

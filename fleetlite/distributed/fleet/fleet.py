@@ -254,7 +254,9 @@ def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer,
                           strategy: DistributedStrategy | Mapping[str, Any] | None = None) -> DistributedOptimizer:
-    """Wrap ``optimizer`` with the optimizer-side strategies (gradient merge, sharding stage 1, amp).
+    """Wrap ``optimizer`` with the optimizer-side strategies (gradient merge, sharding stage 1, amp, and the
+    meta-optimizers lamb, lars, localsgd, adaptive_localsgd and dgc, applied in eager mode:
+    :mod:`~fleetlite.distributed.fleet.meta_optimizers`).
 
     A ``strategy`` given here replaces the one from :func:`init` (with a warning, as in Paddle).
     """

@@ -16,7 +16,10 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   :class:`~fleetlite.distributed.sharding.ShardedDataParallel` model it is
   attached to, and its ``state_dict`` is gathered in torch's format;
 * amp: the step goes through :class:`~fleetlite.distributed.fleet.amp.AmpHelper`
-  (unscale, rank-consistent inf/nan skip, scale update).
+  (unscale, rank-consistent inf/nan skip, scale update);
+* the meta-optimizers (``lamb``, ``lars``, ``localsgd``, ``adaptive_localsgd``,
+  ``dgc``), applied in eager mode by
+  :mod:`~fleetlite.distributed.fleet.meta_optimizers` (``meta``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ...parallel.sharded.optim_state import full_optimizer_state, load_full_opti
 from ...parallel.sharded.rebuild import constructor_kwargs, rebuild_optimizer, report_steps_to
 from .amp import AmpHelper
 from .gradient_merge import GradientMerge
+from .meta_optimizers import MetaOptimizers
 from .strategy import DistributedStrategy
 
 __all__ = ["DistributedOptimizer"]
@@ -84,7 +88,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``torch.optim.Optimizer`` (learning-rate schedulers accept it) whose
     ``param_groups`` are the wrapped optimizer's. ``inner_opt`` is the
     optimizer that actually steps (a ``ZeroRedundancyOptimizer`` with
-    sharding, else the one given); ``stepped`` tells whether the last
+    sharding, a meta-optimizer's over the given one's groups with ``lamb``,
+    ``lars``, ``localsgd``/``adaptive_localsgd`` or ``dgc``, else the one
+    given); ``meta`` holds the meta-optimizers (``meta.dgc_state``); ``stepped`` tells whether the last
     ``step()`` changed the parameters (False inside a gradient-merge window
     or when amp skipped an inf/nan step); ``merge`` is the gradient-merge window.
 
@@ -116,7 +122,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    strategy.gradient_merge_configs["avg"])
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
-        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else optimizer
+        self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars/localsgd/dgc: what steps in its place
+        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else self.meta.optimizer
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
 
     @staticmethod
@@ -171,6 +178,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
             self._sharded_model = model
         self.merge.attach(model)
+        self.meta.attach(model)
 
     # --- torch.optim.Optimizer surface ------------------------------------------------------------------------
     @property
@@ -219,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` with amp loss scaling when the strategy needs it."""
+        self.meta.record_loss(loss)
         self.amp.backward(loss, **kwargs)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -330,5 +339,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             extras.append(f"sharding=stage{self.strategy.sharding_stage}")
         if self.amp.enabled:
             extras.append(repr(self.amp))
+        extras.extend(self.meta.applied)
         tail = (", " + ", ".join(extras)) if extras else ""
         return f"DistributedOptimizer({type(self.user_opt).__name__}{tail})"

@@ -18,7 +18,7 @@ assignment time -- stricter than Paddle, which prints a warning and ignores
 most wrongly typed values.
 
 Features that are named but not implemented here (:data:`strategy_fields.REFUSED`:
-dgc, localsgd, lars, lamb, pipeline, tensor_parallel, mp/pp/sep degrees above
+pipeline, tensor_parallel, mp/pp/sep degrees above
 1, pure fp16, ...) can be set, so a Paddle script's strategy builds, but
 :meth:`DistributedStrategy.check_supported` (run by ``fleet.init`` and
 ``fleet.distributed_*``) refuses them with NotImplementedError naming the

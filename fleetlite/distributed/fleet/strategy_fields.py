@@ -325,12 +325,8 @@ class Refusal(NamedTuple):
 # value differs from Paddle's default -- for a ``<flag>_configs`` key only while its flag is on (Paddle ignores the
 # configs of a feature that is off); hybrid_configs keys always. Never a silent no-op.
 REFUSED: dict[str, Refusal] = {
-    # LATER: the meta-optimizers and hybrid parallelism are being built (issue 24); enable them here when they land.
-    "dgc": Refusal("deep gradient compression", True),
-    "localsgd": Refusal("local SGD", True),
-    "adaptive_localsgd": Refusal("adaptive local SGD", True),
-    "lars": Refusal("the LARS meta-optimizer", True),
-    "lamb": Refusal("the LAMB meta-optimizer", True),
+    # LATER: hybrid parallelism is being built (issue 24); enable it here when it lands. (lamb, lars, localsgd,
+    # adaptive_localsgd and dgc are applied by fleet.distributed_optimizer: fleet/meta_optimizers/.)
     "pipeline": Refusal("pipeline parallelism", True),
     "tensor_parallel": Refusal("tensor (model) parallelism", True),
     "hybrid_configs.mp_degree": Refusal("model (tensor) parallelism; set it to 1", True),

@@ -110,8 +110,8 @@ def test_calls_before_init_and_parameter_server_mode_are_refused(clean_dist_env)
         fleet.init(is_collective=False)
     with pytest.raises(NotImplementedError, match="parameter-server"):
         fleet.init(fleet.PaddleCloudRoleMaker(is_collective=False))
-    with pytest.raises(NotImplementedError, match="dgc"):
-        fleet.init(strategy=DistributedStrategy(dgc=True))
+    with pytest.raises(NotImplementedError, match="use_pure_fp16"):
+        fleet.init(strategy=DistributedStrategy(amp=True, amp_configs={"use_pure_fp16": True}))
     with pytest.raises(ValueError, match="log_level"):
         fleet.init(log_level="LOUD")
     with pytest.raises(TypeError, match="DistributedStrategy"):

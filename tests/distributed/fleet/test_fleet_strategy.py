@@ -135,8 +135,6 @@ def test_copy_and_pickle():
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"dgc": True}, "dgc"),
-    ({"localsgd": True}, "localsgd"),
     ({"hybrid_configs": {"mp_degree": 2}}, "mp_degree"),
     ({"hybrid_configs": {"pp_degree": 2}}, "pp_degree"),
     ({"sharding": True, "sharding_configs": {"stage": 1, "offload": True}}, "offload"),

@@ -361,5 +361,5 @@ def test_the_tables_name_only_real_fields():
         assert exists(path), path
     assert not set(REFUSED) & set(NO_EFFECT)
     later = sorted(p for p, r in REFUSED.items() if r.later)
-    assert {"dgc", "lamb", "lars", "localsgd", "adaptive_localsgd", "hybrid_configs.mp_degree",
+    assert {"hybrid_configs.mp_degree",
             "hybrid_configs.pp_degree"} <= set(later)

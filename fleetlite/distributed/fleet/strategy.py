@@ -310,7 +310,7 @@ class DistributedStrategy:
             raise NotImplementedError(
                 f"{name} = {value!r} ({refusal.what}) is not implemented by fleetlite{when}; set {name} = "
                 f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
-                "fp16_allreduce and sharding stages 1-3.")
+                "fp16_allreduce, sharding stages 1-3, lamb, lars, localsgd, adaptive_localsgd and dgc.")
         hybrid = self._values["hybrid_configs"]
         sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
         if self.sharding_enabled:

@@ -70,7 +70,7 @@ class FindOnceReducer(Reducer):
         tdist.all_reduce(counts, group=self.group)
         everywhere = counts.tolist()
         self._once = [i for i, u in enumerate(unused) if u]
-        self._once_mask = list(unused)
+        self._once_mask = list(unused) if self._once else None  # None: the hooks' fast path
         self._unused_everywhere = [i for i in self._once if everywhere[i] == self.world]
 
     def shadow_backward(self) -> None:

@@ -300,3 +300,25 @@ def test_distributed_autograd_is_refused_naming_rpc_on_every_rank():
     for msg in run_ranks(_under_rpc, args=(free_port(), "fleetlite")):
         assert "torch.distributed.rpc" in msg and "dist_autograd" in msg and "DistributedDataParallel" in msg
         assert "received no gradient in this backward pass, so their" not in msg
+
+
+def _paddle_join(rank, world, with_spare, n1):
+    torch.manual_seed(0)
+    net = NeverUsed(with_spare)
+    m = fleetlite.DataParallel(net)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with m.join():
+        for step in range(5 - n1 if rank == 1 else 0, 5):  # rank 1 has n1 batches (0: joined before step 1)
+            m(batch(step, rank, 3, 6)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return {k: v for k, v in snapshot(net).items() if not k.startswith("spare")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n1", [0, 2])
+def test_paddle_face_finds_unused_once_under_join_too(n1):
+    """A rank that joined before the first step mirrors the first step's agreement: no hang, same numbers."""
+    got = run_ranks(_paddle_join, args=(True, n1))
+    want = run_ranks(_paddle_join, args=(False, n1))
+    assert_parity([{"ddp": w, "fleetlite": g} for g, w in zip(got, want)])

@@ -70,7 +70,7 @@ class DistributedDataParallel(DataParallelBase):
     Same signature, positional order and behaviour as
     ``torch.nn.parallel.DistributedDataParallel`` (see the table in
     :mod:`fleetlite.parallel.faces` for the one refusal, distributed autograd);
-    fleetlite's Paddle keyword names are accepted too: ``layers``,
+    fleetlite's Paddle keyword names are accepted too: ``layers``, ``strategy``,
     ``comm_buffer_size`` (= ``bucket_cap_mb``), ``last_comm_buffer_size``,
     ``group`` (= ``process_group``), ``comm_dtype``. Arguments that change what
     torch DDP reduces and that fleetlite does not build
@@ -97,9 +97,13 @@ class DistributedDataParallel(DataParallelBase):
                  device_mesh=None, skip_all_reduce_unused_params: bool = False, bucket_cap_mb_list=None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None, *,
                  layers: nn.Module | None = None, comm_buffer_size: float | None = None,
-                 last_comm_buffer_size: float | None = None, group=None, comm_dtype: torch.dtype | None = None):
+                 last_comm_buffer_size: float | None = None, group=None, comm_dtype: torch.dtype | None = None,
+                 strategy=None):
+        if isinstance(strategy, (list, tuple)):
+            raise TypeError("DistributedDataParallel: strategy= is Paddle's keyword for a ParallelStrategy; "
+                            "give the devices as device_ids=[...]")
         super().__init__(
-            layers, None, comm_buffer_size, last_comm_buffer_size, find_unused_parameters, group,
+            layers, strategy, comm_buffer_size, last_comm_buffer_size, find_unused_parameters, group,
             broadcast_buffers, comm_dtype, module=module, device_ids=device_ids, output_device=output_device,
             dim=dim, process_group=process_group, bucket_cap_mb=bucket_cap_mb, check_reduction=check_reduction,
             gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph, init_sync=init_sync,

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute or None for the module itself)
 _LAZY = {
     "DataParallel": ("fleetlite.parallel", "DataParallel"),
+    "DistributedDataParallel": ("fleetlite.parallel", "DistributedDataParallel"),
     "Trainer": ("fleetlite.trainer", "Trainer"),
     "Model": ("fleetlite.trainer", "Model"),
     "summary": ("fleetlite.trainer.summary", "summary"),

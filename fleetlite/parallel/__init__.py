@@ -1,9 +1,11 @@
-"""The data-parallel engine: bucket plan, reducer, DataParallel (a drop-in for torch DDP), comm hooks, join."""
+"""The data-parallel engine: bucket plan, reducer, its two faces (Paddle's DataParallel, torch's
+DistributedDataParallel; see :mod:`fleetlite.parallel.faces`), comm hooks, join."""
 
 from .buckets import Bucket, module_units, plan_buckets
 from .comm import allreduce_mean_coalesced, broadcast_coalesced
 from .comm_hooks import GradBucket
-from .data_parallel import DataParallel
+from .data_parallel import DataParallelBase
+from .faces import DataParallel, DistributedDataParallel
 
-__all__ = ["DataParallel", "Bucket", "GradBucket", "plan_buckets", "module_units", "allreduce_mean_coalesced",
-           "broadcast_coalesced"]
+__all__ = ["DataParallel", "DistributedDataParallel", "DataParallelBase", "Bucket", "GradBucket", "plan_buckets",
+           "module_units", "allreduce_mean_coalesced", "broadcast_coalesced"]

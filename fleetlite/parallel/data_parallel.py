@@ -1,4 +1,10 @@
-"""``fleetlite.DataParallel``: Paddle's DataParallel on our own bucketed all-reduce engine, a drop-in for torch DDP."""
+"""The engine's wrapper: :class:`DataParallelBase`, shared by the two faces in :mod:`fleetlite.parallel.faces`.
+
+Everything both faces do lives here (construction sync, the forward, the
+reducer, join, comm hooks, state dicts); a face only chooses its constructor
+signature and its reducer class (``_reducer_cls``). See the table in
+``faces.py`` for what differs and why.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from .ddp_args import resolve
 from .join import DataParallelJoinHook, announce_step
 from .reducer import Reducer
 
-__all__ = ["DataParallel"]
+__all__ = ["DataParallelBase"]
 
 _PREFIXES = ("module.", "_layers.")
 _BROADCAST_CHUNK = 16 * 1024 * 1024
@@ -56,49 +62,19 @@ def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missin
         state_dict[inner + rest] = state_dict.pop(key)
 
 
-class DataParallel(nn.Module, Joinable):
-    """Data-parallel wrapper: gradients are averaged across ranks during backward.
+class DataParallelBase(nn.Module, Joinable):
+    """Data-parallel wrapper: gradients are averaged across ranks during backward (the engine under both faces).
 
-    A drop-in for ``torch.nn.parallel.DistributedDataParallel`` (same
-    arguments, same numbers; see the README's "Migrating from DDP") that also
-    takes Paddle's argument names. Parameters that require grad are grouped
-    (reverse registration order, per dtype and device) into flat buckets of at
-    most ``comm_buffer_size`` MB; the bucket reduced last is capped at
-    ``last_comm_buffer_size`` MB. ``param.grad`` is always a view into its
-    bucket, with the parameter's strides (what DDP calls
+    Not used directly: :class:`fleetlite.DataParallel` (Paddle's face) and
+    :class:`fleetlite.DistributedDataParallel` (torch DDP's face) are thin
+    subclasses; their docstrings list the arguments. Parameters that require
+    grad are grouped (reverse registration order, per dtype and device) into
+    flat buckets of at most ``comm_buffer_size`` MB; the bucket reduced last is
+    capped at ``last_comm_buffer_size`` MB. ``param.grad`` is always a view into
+    its bucket, with the parameter's strides (DDP's
     ``gradient_as_bucket_view=True``), and each bucket's all-reduce starts as
     soon as its gradients are final, overlapping the rest of backward. With
     world size 1 the wrapper is a transparent pass-through.
-
-    Args:
-        layers: the model (torch DDP's ``module``; either name).
-        strategy: accepted for Paddle compatibility; a ``DistributedStrategy``
-            supplies defaults through :func:`fleet.distributed_model` instead.
-            A list here is taken as torch DDP's positional ``device_ids``.
-        comm_buffer_size: bucket size in MB (float allowed); torch DDP's ``bucket_cap_mb``.
-        last_comm_buffer_size: size of the last-reduced bucket in MB.
-        find_unused_parameters: allow parameters that get no gradient in a step
-            (those used on no rank keep ``.grad``, ``None`` stays ``None``); costs a
-            graph walk per forward.
-        group: the process group (default: the world); torch DDP's ``process_group``.
-        broadcast_buffers: make buffers (e.g. BatchNorm statistics) follow rank
-            0 at each training forward, as torch DDP does (``False`` also skips
-            them at construction, as DDP).
-        comm_dtype: all-reduce buckets in this dtype (``torch.float16`` or
-            ``torch.bfloat16``) and cast back; ``None`` keeps the gradient dtype.
-            A shortcut for registering torch's fp16/bf16 compress hook.
-        device_ids, output_device: torch DDP's; must name the module's own CUDA
-            device (checked); inputs are moved there in forward, as DDP does.
-        dim: torch DDP's (unused there too for one device per process); checked to be an int.
-        check_reduction: accepted and ignored (deprecated in torch DDP).
-        gradient_as_bucket_view: accepted; gradients are always bucket views here.
-        static_graph: the set of used parameters and the number of times each is
-            used are the same every step: after the first step no graph walk is
-            needed, and reentrant activation checkpointing (also of a block run
-            twice) works, as with torch DDP.
-        init_sync: ``False`` skips the construction-time shape check and broadcast.
-        device_mesh: a 1-D mesh whose group is used (torch DDP's).
-        forward_sync_buffers: torch DDP's newer name for the per-forward buffer broadcast.
 
     Example::
 
@@ -122,7 +98,7 @@ class DataParallel(nn.Module, Joinable):
             if device_ids is not None:
                 raise ValueError("DataParallel got device_ids twice (positionally and by keyword)")
             strategy, device_ids = None, strategy
-        if isinstance(layers, DataParallel) or isinstance(module, DataParallel):
+        if isinstance(layers, DataParallelBase) or isinstance(module, DataParallelBase):
             raise TypeError("the model is already wrapped in DataParallel; wrap the plain module once")
         cfg = resolve(layers, module, group, process_group, device_mesh, comm_buffer_size, bucket_cap_mb,
                       last_comm_buffer_size, device_ids, output_device, dim, broadcast_buffers,
@@ -180,9 +156,14 @@ class DataParallel(nn.Module, Joinable):
         # inside a parent module, the parent's state_dict holds our module's own keys (see state_dict)
         self._register_load_state_dict_pre_hook(_unprefixed_keys_pre_hook)
 
+    _reducer_cls: type[Reducer] = Reducer  # a face picks its reducer (faces.py); nothing tests which one
+
     def _build_reducer(self) -> None:
         named = [(n, p) for n, p in self._layers.named_parameters() if p.requires_grad and n not in self._ignored]
-        self._reducer = Reducer(named, self.group, self.world_size, self.comm_buffer_size,
+        owner, _, attr = named[0][0].rpartition(".")
+        # Note [functional_call]: where the first parameter lives, to see it swapped out
+        self._first_slot = (self._layers.get_submodule(owner), attr, named[0][1])
+        self._reducer = self._reducer_cls(named, self.group, self.world_size, self.comm_buffer_size,
                                 self.last_comm_buffer_size, self.find_unused_parameters, self.comm_dtype,
                                 static_graph=self.static_graph)
 
@@ -218,6 +199,20 @@ class DataParallel(nn.Module, Joinable):
         return self._reducer.plan()
 
     # ------------------------------------------------------------------ forward
+    def will_sync_module_buffers(self) -> bool:
+        """Whether this forward broadcasts the buffers from the authoritative rank (torch DDP's rule).
+
+        Note [buffer sync]
+            As torch DDP (``_check_sync_bufs_pre_fwd``): a forward broadcasts the
+            buffers when ``forward_sync_buffers`` is on and the *previous* forward
+            was one whose backward is synced (grad enabled, not under ``no_sync``);
+            that forward sets ``require_forward_param_sync``. Training or eval mode
+            does not matter: the first forward after a synced training step, an
+            eval-mode validation forward included, sees rank 0's statistics, and
+            under ``no_sync`` only the window's first forward broadcasts.
+        """
+        return self.require_forward_param_sync and self._forward_sync_buffers
+
     def forward(self, *inputs, **kwargs):
         if self.device_ids:  # as torch DDP: inputs follow the module to its device
             dev = torch.device("cuda", self.device_ids[0])
@@ -229,16 +224,15 @@ class DataParallel(nn.Module, Joinable):
         if reducer._expect_hooks and torch._C._current_graph_task_id() != -1:
             # a non-reentrant checkpoint recomputing this forward inside the backward it belongs to:
             # the step is already armed (as torch DDP, buffers are broadcast again, nothing else)
-            if self._forward_sync_buffers and self._layers.training:
+            if self.will_sync_module_buffers():
                 broadcast_coalesced(self._sync_buffers_list(), self.group)
             return self._layers(*inputs, **kwargs)
         reducer.check_lag = 0 if self._join_config.enable else 1  # Note [bucket tail] in reducer.py
         reducer.resume_if_interrupted()  # Note [interrupted backward] in reducer.py
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        bufs = self._sync_buffers_list() if self._forward_sync_buffers and self._layers.training else []
-        buffers = bool(bufs)
+        buffers = self.will_sync_module_buffers()  # Note [buffer sync]
         src, divisor = 0, self.world_size
-        if self._join_config.enable:  # Note [join collectives] in join.py
+        if self._join_config.enable:  # Note [join collectives]
             work = Join.notify_join_context(self)
             _, buffers, src = announce_step(self, sync, buffers)
             if sync and work is not None and not self._divide_by_initial_world_size:
@@ -247,11 +241,31 @@ class DataParallel(nn.Module, Joinable):
         if sync:
             reducer.set_divisor(divisor)
         if buffers:
-            broadcast_coalesced(bufs or self._sync_buffers_list(), self.group, src=src)
+            broadcast_coalesced(self._sync_buffers_list(), self.group, src=src)
         out = self._layers(*inputs, **kwargs)
-        if sync:
+        self.require_forward_param_sync = sync
+        if sync and not self._swapped_out():
             reducer.prepare_for_backward(out)
         return out
+
+    def _swapped_out(self) -> bool:
+        """Note [functional_call]
+            ``torch.func.functional_call(model, {"module.weight": w, ...}, x)``
+            swaps the given tensors into the module for one call. When every
+            parameter is swapped out, the backward reaches none of ours (the
+            gradients go to the given tensors), so, as torch DDP, nothing is
+            reduced and the step is not armed. Checking the first parameter's
+            slot keeps the common case O(1); a partial swap arms the step as
+            usual (the swapped-out parameters get the "no gradient" error).
+        """
+        owner, attr, p = self._first_slot
+        if owner._parameters.get(attr) is p:
+            return False
+        return not any(q in self._reducer_param_ids for q in map(id, self._layers.parameters()))
+
+    @property
+    def _reducer_param_ids(self) -> set[int]:
+        return {id(p) for p in self._reducer.params}
 
     # --------------------------------------------------------- torch DDP API
     def register_comm_hook(self, state: object, hook: Callable) -> None:

@@ -63,6 +63,7 @@ class DataParallelJoinHook(JoinHook):
         t = torch.tensor([0, 0, -1], device=dp.join_device)
         tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=dp.group)
         sync_backward, sync_buffers, src = bool(t[0]), bool(t[1]), int(t[2])
+        dp.require_forward_param_sync = sync_backward  # as torch DDP's join hook (Note [buffer sync])
         if sync_buffers:
             broadcast_coalesced(dp._sync_buffers_list(), dp.group, src=src)
         if sync_backward:

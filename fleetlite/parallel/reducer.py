@@ -71,7 +71,7 @@ import torch.distributed as tdist
 from .buckets import Bucket, module_units, plan_buckets
 from .comm_hooks import GradBucket, future_tensor
 from .graph import dense, output_tensors, reachable_params
-from .reducer_checks import TAIL_FLAGS, StepChecks, ready_twice_error
+from .reducer_checks import TAIL_FLAGS, StepChecks, hook_result_error, ready_twice_error
 
 __all__ = ["Reducer"]
 
@@ -190,17 +190,19 @@ class Reducer(StepChecks):
         self._hook_outer_backward(outputs)
         if self._delay:
             return
-        if self._static_counts is not None:
-            unused = [i for i, c in enumerate(self._static_counts) if c == 0]
-        elif self.find_unused:
-            reached = reachable_params(outputs)
-            unused = [i for i, p in enumerate(self.params) if p not in reached]
-        else:
-            return
-        for i in unused:
+        for i in self._unused_up_front(outputs):
             self._take_grad(i)
             self._ready[i] = True
             self._pending[self.param_bucket[i]] -= 1
+
+    def _unused_up_front(self, outputs) -> list[int]:
+        """The parameters marked ready before backward (their slots are reduced as zeros)."""
+        if self._static_counts is not None:
+            return [i for i, c in enumerate(self._static_counts) if c == 0]
+        if self.find_unused:
+            reached = reachable_params(outputs)
+            return [i for i, p in enumerate(self.params) if p not in reached]
+        return []
 
     def _hook_outer_backward(self, outputs) -> None:
         # Note [finalize in the outer backward]
@@ -308,7 +310,10 @@ class Reducer(StepChecks):
             part = buf[:b.numel]
             bucket = GradBucket(b.index, part, grads, [self.params[i] for i in b.param_indices],
                                 b.index == len(self.buckets) - 1)
-            self._works.append((None, self.comm_hook(self.comm_hook_state, bucket), part, None))
+            fut = self.comm_hook(self.comm_hook_state, bucket)
+            if not isinstance(fut, torch._C.Future):
+                raise hook_result_error(self.comm_hook, fut)
+            self._works.append((None, fut, part, None))
             return
         t = buf if self.comm_dtype is None or self.comm_dtype == buf.dtype else buf.to(self.comm_dtype)
         self._works.append((tdist.all_reduce(t, group=self.group, async_op=True), None, buf, t))
@@ -349,7 +354,7 @@ class Reducer(StepChecks):
         """Fill the gradients that never came (zeros) and launch every bucket not launched yet, in order."""
         unready = [i for i, r in enumerate(self._ready) if not r]
         if not self._delay and not aborted:
-            self._missing = unready
+            self._missing = self._missing + unready
         for i in unready:
             self._take_grad(i)
             self._ready[i] = True

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as tdist
 
 __all__ = ["TAIL_FLAGS", "SYNC_CHECK_ITERS", "StepChecks", "ready_twice_error", "missing_error", "interrupted_error",
-           "warn_discarded"]
+           "warn_discarded", "hook_result_error", "gather_names"]
 
 TAIL_FLAGS = 2  # Note [bucket tail]: [missing-gradient count, interrupted-rank count], then the used map
 SYNC_CHECK_ITERS = 2  # Note [bucket tail]: synchronous checks in the first synced steps
@@ -34,11 +34,32 @@ def ready_twice_error(name: str) -> RuntimeError:
     )
 
 
+def gather_names(names: list[str], missing: list[int], group, world: int) -> list[list[str]]:
+    """Every rank's list of parameter names; a collective (every rank calls it at the same point)."""
+    everyone: list = [None] * world
+    tdist.all_gather_object(everyone, [names[i] for i in missing], group=group)
+    return everyone
+
+
+def _rpc_initialized() -> bool:
+    try:
+        from torch.distributed import rpc
+        return rpc.is_available() and rpc.api._is_current_rpc_agent_set()
+    except (ImportError, AttributeError):
+        return False
+
+
 def missing_error(names: list[str], missing: list[int], group, world: int) -> RuntimeError:
     """The 'no gradient' error; a collective: every rank calls it at the same point (Note [bucket tail])."""
-    mine = [names[i] for i in missing]
-    everyone: list = [None] * world
-    tdist.all_gather_object(everyone, mine, group=group)
+    everyone = gather_names(names, missing, group, world)
+    if _rpc_initialized() and all(len(ns) == len(names) for ns in everyone):
+        return RuntimeError(
+            "DataParallel: no parameter received a gradient in .grad on any rank, and torch.distributed.rpc is "
+            "initialized. A backward through RPC's distributed autograd (dist_autograd.backward(context_id, "
+            "[loss])) puts the gradients into the RPC autograd context, not into .grad, and fleetlite's engine "
+            "averages .grad only: distributed autograd is not supported. Wrap this model in "
+            "torch.nn.parallel.DistributedDataParallel (which supports it), or call loss.backward() "
+            "outside dist_autograd.")
     detail = "; ".join(f"rank {r}: {', '.join(ns[:10])}{' ...' if len(ns) > 10 else ''}"
                        for r, ns in enumerate(everyone) if ns)
     return RuntimeError(
@@ -47,6 +68,17 @@ def missing_error(names: list[str], missing: list[int], group, world: int) -> Ru
         "some steps, wrap it with DataParallel(model, find_unused_parameters=True); if they are never "
         "used, remove them or set requires_grad=False."
     )
+
+
+def hook_result_error(hook, result) -> RuntimeError:
+    """A communication hook returned something else than a future (torch DDP's message, with the fix)."""
+    name = getattr(hook, "__qualname__", type(hook).__name__)
+    return RuntimeError(
+        f"callback must return a torch.futures.Future object, but got {type(result).__name__}: the communication "
+        f"hook {name} registered with register_comm_hook returned {type(result).__name__} for a gradient bucket. "
+        "A hook must return a torch.futures.Future holding the reduced bucket, e.g. "
+        "`fut = torch.futures.Future(); fut.set_result(bucket.buffer()); return fut`, or the future of an async "
+        "collective: `dist.all_reduce(bucket.buffer(), async_op=True).get_future()`.")
 
 
 def interrupted_error(ranks: int) -> RuntimeError:
@@ -116,7 +148,11 @@ class StepChecks:
             self._discard()
             raise interrupted_error(int(round(flags[1])))
         if flags[0] > 0:
-            raise missing_error(self.names, missing, self.group, self.world)
+            raise self._missing_error(missing)
+
+    def _missing_error(self, missing: list[int]) -> RuntimeError:
+        """The error for parameters that got no gradient (a collective; a face's reducer may word it)."""
+        return missing_error(self.names, missing, self.group, self.world)
 
     def check_deferred(self, lag: int = 1) -> None:
         """Raise, on every rank, what a deferred tail reported (Note [bucket tail]).

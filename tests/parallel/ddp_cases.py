@@ -1,4 +1,4 @@
-"""Shared helpers for the drop-in tests: run one training case under torch DDP and under fleetlite."""
+"""Shared helpers for the drop-in tests: one case under torch DDP and under fleetlite.DistributedDataParallel."""
 
 import torch
 from models import DeepMLP as MLP  # noqa: F401  (MLP(depth, width))
@@ -10,7 +10,7 @@ import fleetlite
 def wrap(engine, model, **kw):
     if engine == "ddp":
         return DDP(model, **kw)
-    return fleetlite.DataParallel(model, **kw)
+    return fleetlite.DistributedDataParallel(model, **kw)
 
 
 def snapshot(model):

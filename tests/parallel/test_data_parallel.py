@@ -133,8 +133,9 @@ def test_bucket_plan_respects_configured_sizes():
 
 
 def _unused_error(rank, world):
+    # torch DDP's rule, on its face; Paddle's face trains this model (tests/parallel/test_faces.py)
     torch.manual_seed(0)
-    m = fleetlite.DataParallel(Branchy())
+    m = fleetlite.DistributedDataParallel(Branchy())
     try:
         m(torch.randn(2, 6), use_odd=(rank == 0)).sum().backward()
     except RuntimeError as e:

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from ...nn import SyncBatchNorm
-from ...parallel import DataParallel
+from ...parallel import DataParallel, DataParallelBase
 from ...parallel.sharded import ShardedDataParallel
 from ...utils.user_warning import warn_user
 from .. import collective
@@ -200,7 +200,7 @@ def distributed_model(model: nn.Module) -> nn.Module:
     strategy.check_supported(_world_size())
     if not isinstance(model, nn.Module):
         raise TypeError(f"distributed_model needs a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, (DataParallel, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
+    if isinstance(model, (DataParallelBase, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
     if strategy.recompute:  # validate the names before changing anything

@@ -1,0 +1,69 @@
+"""Image classification networks: Paddle's ``paddle.vision.models`` names and the recipes' CIFAR-10 networks.
+
+Paddle's models keep Paddle's constructors, positional order and defaults
+(``LeNet(num_classes=10)``, ``ResNet(block, depth=50, width=64,
+num_classes=1000, with_pool=True, groups=1)``, ``resnet50(pretrained=False,
+**kwargs)``, ``vgg16(pretrained=False, batch_norm=False, **kwargs)``,
+``mobilenet_v2(pretrained=False, scale=1.0, **kwargs)``, ...). Where the
+architecture is torchvision's, the model *is* torchvision's (a thin subclass),
+so its parameter names are torchvision's and ``torchvision.models`` weights
+load into it. ``num_classes <= 0`` drops the classifier and
+``with_pool=False`` the global pooling, as in Paddle. ``pretrained=True``
+cannot download weights here: it raises an error saying how to load a file.
+
+Importing this package imports neither torchvision nor Paddle's model modules:
+``LeNet``, ``MobileNetV1`` and the recipe networks need only torch; the others
+load torchvision on first use.
+
+Example::
+
+    import torch
+    from fleetlite.vision.models import LeNet, resnet50
+
+    assert LeNet()(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    net = resnet50(num_classes=10)                        # Paddle: paddle.vision.models.resnet50(num_classes=10)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .lenet import LeNet
+from .mobilenetv1 import MobileNetV1, mobilenet_v1
+from .recipe_nets import (
+    MODELS,
+    FastNet,
+    ResNet18,
+    TutorialCNN,
+    build_model,
+    cifar_resnet18,
+    fast,
+    from_safetensors,
+    tutorial_cnn,
+)
+
+# Paddle's names that live on torchvision's implementations: loaded (with torchvision) on first use
+_LAZY = {
+    **dict.fromkeys(["ResNet", "BasicBlock", "BottleneckBlock", "resnet18", "resnet34", "resnet50", "resnet101",
+                     "resnet152", "resnext50_32x4d", "resnext50_64x4d", "resnext101_32x4d", "resnext101_64x4d",
+                     "resnext152_32x4d", "resnext152_64x4d", "wide_resnet50_2", "wide_resnet101_2"], "resnet"),
+    **dict.fromkeys(["VGG", "vgg11", "vgg13", "vgg16", "vgg19"], "vgg"),
+    **dict.fromkeys(["MobileNetV2", "mobilenet_v2"], "mobilenetv2"),
+}
+
+__all__ = ["LeNet", "MobileNetV1", "mobilenet_v1", *_LAZY,
+           "TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "cifar_resnet18", "fast", "build_model", "MODELS",
+           "from_safetensors"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fleetlite.vision.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

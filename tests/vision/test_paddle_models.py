@@ -1,0 +1,130 @@
+"""Paddle's ``paddle.vision.models`` names against references: Paddle's documented shapes and parameter counts,
+torchvision's same architectures (parameter names, counts, outputs), Paddle's signatures."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fleetlite.vision import models
+
+tv = pytest.importorskip("torchvision.models")
+
+
+def n_params(net: torch.nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())
+
+
+def test_lenet_is_paddles_network():
+    net = models.LeNet()
+    assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert n_params(net) == 61_610  # paddle.summary(LeNet()) in Paddle's docs: "Total params: 61,610"
+    assert [k for k in net.state_dict()] == ["features.0.weight", "features.0.bias", "features.3.weight",
+                                             "features.3.bias", "fc.0.weight", "fc.0.bias", "fc.1.weight",
+                                             "fc.1.bias", "fc.2.weight", "fc.2.bias"]
+    assert models.LeNet(num_classes=5)(torch.randn(1, 1, 28, 28)).shape == (1, 5)
+    headless = models.LeNet(num_classes=0)
+    assert not hasattr(headless, "fc") and headless(torch.randn(3, 1, 28, 28)).shape == (3, 16, 5, 5)
+
+
+@pytest.mark.parametrize("paddle_name, tv_name, count", [
+    ("resnet18", "resnet18", 11_689_512), ("resnet34", "resnet34", 21_797_672),
+    ("resnet50", "resnet50", 25_557_032), ("resnet101", "resnet101", 44_549_160),
+    ("resnext50_32x4d", "resnext50_32x4d", 25_028_904), ("wide_resnet50_2", "wide_resnet50_2", 68_883_240),
+    ("vgg16", "vgg16", 138_357_544), ("mobilenet_v2", "mobilenet_v2", 3_504_872),
+])
+def test_same_architecture_as_torchvision(paddle_name, tv_name, count):
+    ours, ref = getattr(models, paddle_name)(), getattr(tv, tv_name)()
+    assert n_params(ours) == n_params(ref) == count
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    ours.load_state_dict(ref.state_dict())  # torchvision's weights load as they are
+    ours.eval()
+    ref.eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_resnet_class_as_paddle_calls_it():
+    net = models.ResNet(models.BottleneckBlock, 50)
+    assert n_params(net) == 25_557_032  # Paddle's resnet50: 25.56M
+    assert net(torch.randn(1, 3, 224, 224)).shape == (1, 1000)  # Paddle's docstring: [1, 1000]
+    assert n_params(models.ResNet(models.BasicBlock, 18)) == 11_689_512
+    assert n_params(models.ResNet(models.BottleneckBlock, 50, width=4, groups=32)) == 25_028_904  # ResNeXt
+    assert n_params(models.ResNet(models.BottleneckBlock, 50, width=128)) == 68_883_240  # wide
+    feats = models.ResNet(models.BasicBlock, 18, num_classes=0, with_pool=False)
+    assert not hasattr(feats, "fc") and not hasattr(feats, "avgpool")
+    assert feats(torch.randn(2, 3, 64, 64)).shape == (2, 512, 2, 2)
+    pooled = models.resnet50(num_classes=-1)
+    assert pooled(torch.randn(2, 3, 64, 64)).shape == (2, 2048, 1, 1)  # Paddle: pooled, not flattened
+    assert models.resnet18(num_classes=10)(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="depth=20 is not one of"):
+        models.ResNet(models.BasicBlock, 20)
+
+
+def test_vgg_as_paddle_calls_it():
+    from fleetlite.vision.models.vgg import cfgs, make_layers
+
+    net = models.vgg11(batch_norm=True, num_classes=10)
+    assert n_params(net) == n_params(tv.vgg11_bn(num_classes=10))
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    feats = models.VGG(make_layers(cfgs["A"]), num_classes=0, with_pool=False)
+    assert feats(torch.randn(1, 3, 64, 64)).shape == (1, 512, 2, 2)
+    assert models.VGG(make_layers(cfgs["A"]), num_classes=0)(torch.randn(1, 3, 64, 64)).shape == (1, 512, 7, 7)
+
+
+def test_mobilenets():
+    v1 = models.mobilenet_v1()
+    assert n_params(v1) == 4_231_976  # the MobileNet paper's 4.2M; by hand below
+    conv_bn = lambda c_in, c_out, k, g=1: c_in // g * c_out * k * k + 2 * c_out  # noqa: E731
+    blocks = [(32, 64, 1), (64, 128, 1), (128, 128, 1), (128, 256, 1), (256, 256, 1), (256, 512, 1)] + \
+        [(512, 512, 1)] * 5 + [(512, 1024, 1), (1024, 1024, 1)]
+    by_hand = conv_bn(3, 32, 3) + sum(conv_bn(a, a, 3, a) + conv_bn(a, b, 1) for a, b, _ in blocks) + 1024 * 1000 + 1000
+    assert by_hand == 4_231_976
+    assert v1(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+    assert "conv5_6._pointwise_conv.0.weight" in v1.state_dict()
+    assert models.mobilenet_v1(scale=0.5, num_classes=0)(torch.randn(1, 3, 64, 64)).shape == (1, 512, 1, 1)
+    v2 = models.mobilenet_v2(scale=0.5, num_classes=10)
+    assert n_params(v2) == n_params(tv.mobilenet_v2(width_mult=0.5, num_classes=10))
+    assert v2(torch.randn(2, 3, 64, 64)).shape == (2, 10)
+    assert models.MobileNetV2(num_classes=0, with_pool=False)(torch.randn(1, 3, 64, 64)).shape == (1, 1280, 2, 2)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("LeNet", ["num_classes=10"]),
+    ("ResNet", ["block", "depth=50", "width=64", "num_classes=1000", "with_pool=True", "groups=1"]),
+    ("BottleneckBlock", ["inplanes", "planes", "stride=1", "downsample=None", "groups=1", "base_width=64",
+                         "dilation=1", "norm_layer=None"]),
+    ("resnet50", ["pretrained=False", "**kwargs"]),
+    ("vgg16", ["pretrained=False", "batch_norm=False", "**kwargs"]),
+    ("VGG", ["features", "num_classes=1000", "with_pool=True"]),
+    ("mobilenet_v1", ["pretrained=False", "scale=1.0", "**kwargs"]),
+    ("mobilenet_v2", ["pretrained=False", "scale=1.0", "**kwargs"]),
+    ("MobileNetV1", ["scale=1.0", "num_classes=1000", "with_pool=True"]),
+    ("MobileNetV2", ["scale=1.0", "num_classes=1000", "with_pool=True"]),
+])
+def test_paddle_signatures(name, params):
+    sig = inspect.signature(getattr(models, name))
+    got = [str(p).split(":")[0] + (f"={p.default!r}" if p.default is not p.empty else "")
+           if p.kind is not p.VAR_KEYWORD else f"**{p.name}" for p in sig.parameters.values()]
+    assert got == params
+
+
+def test_pretrained_is_refused_with_the_way_to_load_weights():
+    with pytest.raises(RuntimeError, match=r"resnet50\(pretrained=True\): fleetlite does not download.*"
+                                           r"load_state_dict\(torch.load\(PATH.*torchvision.models.resnet50"):
+        models.resnet50(pretrained=True)
+    with pytest.raises(RuntimeError, match=r"vgg16_bn\(pretrained=True\)"):
+        models.vgg16(True, True)
+    with pytest.raises(RuntimeError, match="does not download"):
+        models.mobilenet_v1(pretrained=True)
+
+
+def test_importing_paddle_models_package_is_light():
+    code = ("import sys, fleetlite.vision.models as m; m.LeNet(); m.mobilenet_v1(scale=0.25); "
+            "assert 'torchvision' not in sys.modules; m.resnet18; assert 'torchvision' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,7 +1,11 @@
 """fleetlite.vision: data sets, transforms and models for image tasks (Paddle's ``paddle.vision`` layout).
 
-Submodules load on first use; importing ``fleetlite.vision`` imports neither
-torchvision nor the submodules.
+``datasets`` (Paddle's MNIST, FashionMNIST, Cifar10, Cifar100 readers and a
+synthetic CIFAR-10), ``models`` (Paddle's LeNet, ResNet, VGG, MobileNet names
+on torchvision's networks, and the recipe networks), ``transforms``, and
+Paddle's ``set_image_backend`` / ``get_image_backend``. Submodules load on
+first use; importing ``fleetlite.vision`` imports neither torchvision nor the
+submodules.
 
 Example::
 
@@ -13,9 +17,11 @@ from __future__ import annotations
 
 import importlib
 
+from .image import get_image_backend, set_image_backend
+
 _SUBMODULES = ("datasets", "transforms", "models")
 
-__all__ = list(_SUBMODULES)
+__all__ = [*_SUBMODULES, "get_image_backend", "set_image_backend"]
 
 
 def __getattr__(name: str):

@@ -24,3 +24,18 @@ def example(obj) -> str:
 def test_example_runs(obj):
     scope = {"torch": torch, "ImageArrayDataset": ImageArrayDataset, "crop_flip": crop_flip}
     exec(compile(example(obj), f"<{obj.__name__} example>", "exec"), scope)
+
+
+
+
+@pytest.mark.parametrize("name", ["LeNet", "ResNet", "VGG", "MobileNetV1", "MobileNetV2", "set_image_backend"])
+def test_paddle_face_examples_run(name):
+    pytest.importorskip("torchvision")
+    import fleetlite.vision as vision
+    from fleetlite.vision import image, models
+    from fleetlite.vision.models import resnet, vgg
+
+    obj = {"VGG": vgg.VGG, "set_image_backend": image}.get(name) or getattr(models, name)
+    scope = {"torch": torch, **vars(resnet), **vars(vgg), **{k: getattr(models, k) for k in models.__all__},
+             "vision": vision}
+    exec(compile(example(obj), f"<{name} example>", "exec"), scope)

@@ -128,3 +128,29 @@ def test_importing_paddle_models_package_is_light():
     code = ("import sys, fleetlite.vision.models as m; m.LeNet(); m.mobilenet_v1(scale=0.25); "
             "assert 'torchvision' not in sys.modules; m.resnet18; assert 'torchvision' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_alexnet_has_torchvisions_sizes_and_paddles_dropout():
+    net = models.alexnet()
+    assert n_params(net) == n_params(tv.alexnet()) == 61_100_840
+    assert "_conv1._conv.weight" in net.state_dict() and "_fc8.bias" in net.state_dict()
+    x = torch.randn(2, 3, 224, 224)
+    assert net(x).shape == (2, 1000) and models.AlexNet(num_classes=0)(x).shape == (2, 256, 6, 6)
+    # the same network as torchvision's up to Paddle's dropout: with weights copied across, eval logits match
+    # torchvision's once each dropout's eval factor (1 - p = 0.5) is applied to its input as Paddle does
+    ref = tv.alexnet().eval()
+    ours = models.alexnet().eval()
+    convs = [ours._conv1._conv, ours._conv2._conv, ours._conv3, ours._conv4, ours._conv5._conv]
+    for mine, theirs in zip(convs, [ref.features[i] for i in (0, 3, 6, 8, 10)]):
+        mine.load_state_dict(theirs.state_dict())
+    for mine, theirs in zip([ours._fc6, ours._fc7, ours._fc8], [ref.classifier[i] for i in (1, 4, 6)]):
+        mine.load_state_dict(theirs.state_dict())
+    with torch.no_grad():
+        feats = torch.flatten(ref.avgpool(ref.features(x[:1])), 1)
+        h = torch.relu(ref.classifier[1](feats * 0.5))
+        want = ref.classifier[6](torch.relu(ref.classifier[4](h * 0.5)))
+        torch.testing.assert_close(ours(x[:1]), want)
+    drop = models.alexnet().train()._drop1
+    torch.manual_seed(0)
+    y = drop(torch.ones(10_000))
+    assert set(y.unique().tolist()) == {0.0, 1.0}  # Paddle's downscale_in_infer: kept values are not rescaled

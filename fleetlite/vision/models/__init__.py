@@ -12,7 +12,7 @@ load into it. ``num_classes <= 0`` drops the classifier and
 cannot download weights here: it raises an error saying how to load a file.
 
 Importing this package imports neither torchvision nor Paddle's model modules:
-``LeNet``, ``MobileNetV1`` and the recipe networks need only torch; the others
+``LeNet``, ``AlexNet``, ``MobileNetV1`` and the recipe networks need only torch; the others
 load torchvision on first use.
 
 Example::
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 
+from .alexnet import AlexNet, alexnet
 from .lenet import LeNet
 from .mobilenetv1 import MobileNetV1, mobilenet_v1
 from .recipe_nets import (
@@ -51,7 +52,7 @@ _LAZY = {
     **dict.fromkeys(["MobileNetV2", "mobilenet_v2"], "mobilenetv2"),
 }
 
-__all__ = ["LeNet", "MobileNetV1", "mobilenet_v1", *_LAZY,
+__all__ = ["LeNet", "AlexNet", "alexnet", "MobileNetV1", "mobilenet_v1", *_LAZY,
            "TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "cifar_resnet18", "fast", "build_model", "MODELS",
            "from_safetensors"]
 

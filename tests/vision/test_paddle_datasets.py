@@ -236,3 +236,35 @@ def test_image_backend_default_follows_set_image_backend(tmp_path):
 def test_paddle_signatures_then_fleetlites_root(cls, params):
     got = [f"{p.name}={p.default!r}" for p in inspect.signature(cls).parameters.values()]
     assert got == params + ["root=None"]
+
+
+def test_paddles_mnist_lenet_program_runs(tmp_path):
+    """Paddle's beginner program (MNIST, Normalize(mean=[127.5], std=[127.5], data_format='CHW'), LeNet) with
+    fleetlite's names and a plain torch loop: [N, 1, 28, 28] float32 images and [N, 1] int64 labels, and it learns."""
+    import torch.nn.functional as F
+
+    from fleetlite.vision.models import LeNet
+    from fleetlite.vision.transforms import Normalize
+
+    write_mnist(tmp_path / "mnist", "train", n=64)
+    train = MNIST(mode="train", transform=Normalize(mean=[127.5], std=[127.5], data_format="CHW"),
+                  root=tmp_path / "mnist", download=False)
+    loader = DataLoader(train, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    x, y = next(iter(loader))
+    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.shape == (16, 1) and y.dtype == torch.int64
+    torch.manual_seed(0)
+    net = LeNet()
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    full_x, full_y = next(iter(DataLoader(train, batch_size=64)))
+
+    def loss_all():
+        with torch.no_grad():
+            return F.cross_entropy(net(full_x), full_y.squeeze(1)).item()
+
+    before = loss_all()
+    for _ in range(20):
+        for x, y in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(x), y.squeeze(1)).backward()
+            opt.step()
+    assert loss_all() < 0.5 * before

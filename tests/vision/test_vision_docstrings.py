@@ -28,14 +28,16 @@ def test_example_runs(obj):
 
 
 
-@pytest.mark.parametrize("name", ["LeNet", "ResNet", "VGG", "MobileNetV1", "MobileNetV2", "set_image_backend"])
+@pytest.mark.parametrize("name", ["LeNet", "AlexNet", "ResNet", "VGG", "MobileNetV1", "MobileNetV2",
+                                  "set_image_backend", "Normalize", "Transpose"])
 def test_paddle_face_examples_run(name):
     pytest.importorskip("torchvision")
     import fleetlite.vision as vision
-    from fleetlite.vision import image, models
+    from fleetlite.vision import image, models, transforms
     from fleetlite.vision.models import resnet, vgg
 
-    obj = {"VGG": vgg.VGG, "set_image_backend": image}.get(name) or getattr(models, name)
+    obj = {"VGG": vgg.VGG, "set_image_backend": image, "Normalize": transforms.Normalize,
+           "Transpose": transforms.Transpose}.get(name) or getattr(models, name)
     scope = {"torch": torch, **vars(resnet), **vars(vgg), **{k: getattr(models, k) for k in models.__all__},
-             "vision": vision}
+             "vision": vision, "Normalize": transforms.Normalize, "Transpose": transforms.Transpose}
     exec(compile(example(obj), f"<{name} example>", "exec"), scope)

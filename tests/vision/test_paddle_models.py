@@ -154,3 +154,26 @@ def test_alexnet_has_torchvisions_sizes_and_paddles_dropout():
     torch.manual_seed(0)
     y = drop(torch.ones(10_000))
     assert set(y.unique().tolist()) == {0.0, 1.0}  # Paddle's downscale_in_infer: kept values are not rescaled
+
+
+def test_paddle_vision_top_level_names():
+    import fleetlite.vision as vision
+    from fleetlite.vision import datasets, transforms
+
+    assert vision.resnet50 is models.resnet50 and vision.LeNet is models.LeNet and vision.VGG is models.VGG
+    assert vision.MNIST is datasets.MNIST and vision.Cifar100 is datasets.Cifar100
+    assert vision.Normalize is transforms.Normalize
+    with pytest.raises(AttributeError, match="has no attribute 'densenet121'"):
+        vision.densenet121  # noqa: B018
+
+
+def test_image_load(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from fleetlite.vision import image_load
+
+    Image.fromarray(np.zeros((4, 5, 3), np.uint8)).save(tmp_path / "a.png")
+    assert image_load(tmp_path / "a.png").size == (5, 4)
+    with pytest.raises(ValueError, match="one of"):
+        image_load(tmp_path / "a.png", backend="tensor")

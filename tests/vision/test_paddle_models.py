@@ -177,3 +177,22 @@ def test_image_load(tmp_path):
     assert image_load(tmp_path / "a.png").size == (5, 4)
     with pytest.raises(ValueError, match="one of"):
         image_load(tmp_path / "a.png", backend="tensor")
+
+
+def test_mobilenet_v3_is_paddles_not_torchvisions():
+    small, large = models.mobilenet_v3_small(), models.mobilenet_v3_large()
+    # PaddleClas' model table: 2.94M and 5.47M parameters (rounded; its counts are approximate: it gives 3.44M for
+    # MobileNetV2, whose exact count is 3.50M), so within 0.5%
+    assert n_params(small) == pytest.approx(2.94e6, rel=5e-3) and n_params(large) == pytest.approx(5.47e6, rel=5e-3)
+    assert n_params(small) != n_params(tv.mobilenet_v3_small())  # torchvision's head and SE differ
+    sd = small.state_dict()
+    assert sd["last_conv.weight"].shape == (1280, 576, 1, 1) and "last_conv.bias" not in sd  # Paddle's head
+    assert sd["blocks.0.mid_se.conv1.weight"].shape == (4, 16, 1, 1)  # SE: channels // 4
+    assert small(torch.randn(2, 3, 224, 224)).shape == (2, 1000)
+    assert models.MobileNetV3Large(scale=0.5, num_classes=0, with_pool=False)(torch.randn(1, 3, 64, 64)).shape == \
+        (1, 480, 2, 2)
+    se = small.blocks[0].mid_se
+    x = torch.randn(1, 16, 4, 4)
+    with torch.no_grad():
+        s = se.conv2(se.relu(se.conv1(se.avg_pool(x))))
+        torch.testing.assert_close(se(x), x * torch.clamp(s / 5 + 0.5, 0, 1))  # Paddle's hardsigmoid slope 0.2

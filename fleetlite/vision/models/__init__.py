@@ -12,7 +12,8 @@ load into it. ``num_classes <= 0`` drops the classifier and
 cannot download weights here: it raises an error saying how to load a file.
 
 Importing this package imports neither torchvision nor Paddle's model modules:
-``LeNet``, ``AlexNet``, ``MobileNetV1`` and the recipe networks need only torch; the others
+``LeNet``, ``AlexNet``, ``MobileNetV1``, ``MobileNetV3Small/Large`` and the recipe networks
+need only torch; the others
 load torchvision on first use.
 
 Example::
@@ -31,6 +32,7 @@ import importlib
 from .alexnet import AlexNet, alexnet
 from .lenet import LeNet
 from .mobilenetv1 import MobileNetV1, mobilenet_v1
+from .mobilenetv3 import MobileNetV3Large, MobileNetV3Small, mobilenet_v3_large, mobilenet_v3_small
 from .recipe_nets import (
     MODELS,
     FastNet,
@@ -52,7 +54,8 @@ _LAZY = {
     **dict.fromkeys(["MobileNetV2", "mobilenet_v2"], "mobilenetv2"),
 }
 
-__all__ = ["LeNet", "AlexNet", "alexnet", "MobileNetV1", "mobilenet_v1", *_LAZY,
+__all__ = ["LeNet", "AlexNet", "alexnet", "MobileNetV1", "mobilenet_v1", "MobileNetV3Small", "MobileNetV3Large",
+           "mobilenet_v3_small", "mobilenet_v3_large", *_LAZY,
            "TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "cifar_resnet18", "fast", "build_model", "MODELS",
            "from_safetensors"]
 

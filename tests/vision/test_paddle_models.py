@@ -196,3 +196,18 @@ def test_mobilenet_v3_is_paddles_not_torchvisions():
     with torch.no_grad():
         s = se.conv2(se.relu(se.conv1(se.avg_pool(x))))
         torch.testing.assert_close(se(x), x * torch.clamp(s / 5 + 0.5, 0, 1))  # Paddle's hardsigmoid slope 0.2
+
+
+@pytest.mark.parametrize("version, builder, tv_builder", [("1.0", "squeezenet1_0", "squeezenet1_0"),
+                                                          ("1.1", "squeezenet1_1", "squeezenet1_1")])
+def test_squeezenet_is_paddles(version, builder, tv_builder):
+    net = getattr(models, builder)()
+    assert net.version == version and n_params(net) == n_params(getattr(tv, tv_builder)())  # same layer sizes
+    assert "_conv8._conv_path2._conv.weight" in net.state_dict() and "_conv9.bias" in net.state_dict()
+    assert net(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+    # Paddle's max-pools floor (torchvision's use ceil_mode): a 1.0 net maps 224 to 12x12 features, not 13x13
+    feats = models.SqueezeNet(version, num_classes=0, with_pool=False)
+    assert feats(torch.randn(1, 3, 224, 224)).shape == ((1, 512, 12, 12) if version == "1.0" else (1, 512, 13, 13))
+    assert getattr(tv, tv_builder)().features(torch.randn(1, 3, 224, 224)).shape == (1, 512, 13, 13)
+    with pytest.raises(ValueError, match="supported versions"):
+        models.SqueezeNet("2.0")

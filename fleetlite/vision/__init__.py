@@ -27,7 +27,8 @@ _REEXPORTS = {
     **dict.fromkeys(["DatasetFolder", "ImageFolder", "MNIST", "FashionMNIST", "Cifar10", "Cifar100"], "datasets"),
     **dict.fromkeys(["ResNet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "MobileNetV1",
                      "mobilenet_v1", "MobileNetV2", "mobilenet_v2", "VGG", "vgg11", "vgg13", "vgg16", "vgg19",
-                     "LeNet", "AlexNet", "alexnet"], "models"),
+                     "DenseNet", "densenet121", "densenet161", "densenet169", "densenet201", "LeNet", "AlexNet",
+                     "alexnet"], "models"),
     **dict.fromkeys(["Normalize", "Transpose"], "transforms"),
 }
 

@@ -163,8 +163,9 @@ def test_paddle_vision_top_level_names():
     assert vision.resnet50 is models.resnet50 and vision.LeNet is models.LeNet and vision.VGG is models.VGG
     assert vision.MNIST is datasets.MNIST and vision.Cifar100 is datasets.Cifar100
     assert vision.Normalize is transforms.Normalize
-    with pytest.raises(AttributeError, match="has no attribute 'densenet121'"):
-        vision.densenet121  # noqa: B018
+    assert vision.densenet121 is models.densenet121
+    with pytest.raises(AttributeError, match="has no attribute 'densenet264'"):  # not re-exported by Paddle
+        vision.densenet264  # noqa: B018
 
 
 def test_image_load(tmp_path):
@@ -211,3 +212,22 @@ def test_squeezenet_is_paddles(version, builder, tv_builder):
     assert getattr(tv, tv_builder)().features(torch.randn(1, 3, 224, 224)).shape == (1, 512, 13, 13)
     with pytest.raises(ValueError, match="supported versions"):
         models.SqueezeNet("2.0")
+
+
+def test_densenet_is_torchvisions_with_paddles_arguments():
+    for layers in (121, 161, 169, 201):
+        ours, ref = getattr(models, f"densenet{layers}")(), getattr(tv, f"densenet{layers}")()
+        assert n_params(ours) == n_params(ref)
+        assert [k for k in ours.state_dict()] == [k for k in ref.state_dict()]
+    import torchvision.models.densenet as tvd
+
+    assert n_params(models.densenet264()) == n_params(tvd.DenseNet(32, (6, 12, 64, 48), 64))
+    ours, ref = models.DenseNet(121).eval(), tv.densenet121().eval()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x))
+    assert models.DenseNet(121, num_classes=0)(x).shape == (1, 1024, 1, 1)
+    assert models.DenseNet(121, num_classes=0, with_pool=False)(x).shape == (1, 1024, 2, 2)
+    with pytest.raises(ValueError, match="supported layers are"):
+        models.DenseNet(100)

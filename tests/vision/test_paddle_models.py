@@ -231,3 +231,25 @@ def test_densenet_is_torchvisions_with_paddles_arguments():
     assert models.DenseNet(121, num_classes=0, with_pool=False)(x).shape == (1, 1024, 2, 2)
     with pytest.raises(ValueError, match="supported layers are"):
         models.DenseNet(100)
+
+
+@pytest.mark.parametrize("scale, tv_name", [(0.5, "shufflenet_v2_x0_5"), (1.0, "shufflenet_v2_x1_0")])
+def test_shufflenet_v2_is_torchvisions_network_with_paddles_names(scale, tv_name):
+    ours, ref = models.ShuffleNetV2(scale=scale).eval(), getattr(tv, tv_name)().eval()
+    assert n_params(ours) == n_params(ref) and "2_1._conv_dw_1.0.weight" in ours.state_dict()
+    mine, theirs = ours.state_dict(), ref.state_dict()
+    assert [v.shape for v in mine.values()] == [v.shape for v in theirs.values()]  # same layers, same order
+    ours.load_state_dict(dict(zip(mine, theirs.values())))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_shufflenet_v2_paddle_only_variants():
+    assert models.shufflenet_v2_x0_25()(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+    assert models.shufflenet_v2_x0_33(num_classes=0, with_pool=False)(torch.randn(1, 3, 64, 64)).shape == \
+        (1, 512, 2, 2)
+    swish = models.shufflenet_v2_swish()
+    assert isinstance(swish._conv1[2], torch.nn.SiLU) and n_params(swish) == n_params(models.shufflenet_v2_x1_0())
+    with pytest.raises(NotImplementedError, match="scale=0.75 is not implemented"):
+        models.ShuffleNetV2(scale=0.75)

@@ -12,8 +12,8 @@ load into it. ``num_classes <= 0`` drops the classifier and
 cannot download weights here: it raises an error saying how to load a file.
 
 Importing this package imports neither torchvision nor Paddle's model modules:
-``LeNet``, ``AlexNet``, ``MobileNetV1``, ``MobileNetV3Small/Large``, ``SqueezeNet`` and the
-recipe networks need only torch; the others
+``LeNet``, ``AlexNet``, ``MobileNetV1``, ``MobileNetV3Small/Large``, ``SqueezeNet``, ``ShuffleNetV2``
+and the recipe networks need only torch; the others
 load torchvision on first use.
 
 Example::
@@ -44,6 +44,16 @@ from .recipe_nets import (
     from_safetensors,
     tutorial_cnn,
 )
+from .shufflenetv2 import (
+    ShuffleNetV2,
+    shufflenet_v2_swish,
+    shufflenet_v2_x0_5,
+    shufflenet_v2_x0_25,
+    shufflenet_v2_x0_33,
+    shufflenet_v2_x1_0,
+    shufflenet_v2_x1_5,
+    shufflenet_v2_x2_0,
+)
 from .squeezenet import SqueezeNet, squeezenet1_0, squeezenet1_1
 
 # Paddle's names that live on torchvision's implementations: loaded (with torchvision) on first use
@@ -59,7 +69,10 @@ _LAZY = {
 
 __all__ = ["LeNet", "AlexNet", "alexnet", "MobileNetV1", "mobilenet_v1", "MobileNetV3Small", "MobileNetV3Large",
            "mobilenet_v3_small", "mobilenet_v3_large", "SqueezeNet",
-           "squeezenet1_0", "squeezenet1_1", *_LAZY,
+           "squeezenet1_0", "squeezenet1_1", "ShuffleNetV2", "shufflenet_v2_x0_25", "shufflenet_v2_x0_33",
+           "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0",
+           "shufflenet_v2_swish",
+           *_LAZY,
            "TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "cifar_resnet18", "fast", "build_model", "MODELS",
            "from_safetensors"]
 

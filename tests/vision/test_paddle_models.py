@@ -253,3 +253,14 @@ def test_shufflenet_v2_paddle_only_variants():
     assert isinstance(swish._conv1[2], torch.nn.SiLU) and n_params(swish) == n_params(models.shufflenet_v2_x1_0())
     with pytest.raises(NotImplementedError, match="scale=0.75 is not implemented"):
         models.ShuffleNetV2(scale=0.75)
+
+
+def test_googlenet_returns_paddles_three_outputs():
+    net = models.googlenet()
+    out, out1, out2 = net(torch.randn(1, 3, 224, 224))  # Paddle's docstring: three [1, 1000] outputs
+    assert out.shape == out1.shape == out2.shape == (1, 1000)
+    sd = net.state_dict()
+    assert not any(k.endswith("_conv.bias") for k in sd) and not any("bn" in k or "running" in k for k in sd)
+    assert sd["_ince5b._conv5._conv.weight"].shape == (128, 48, 5, 5) and sd["_fc_o2.weight"].shape == (1024, 1152)
+    feats = models.GoogLeNet(num_classes=0)(torch.randn(1, 3, 224, 224))
+    assert [f.shape for f in feats] == [(1, 1024, 1, 1), (1, 512, 3, 3), (1, 528, 3, 3)]  # 128 * 3 * 3 = 1152

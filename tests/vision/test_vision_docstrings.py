@@ -30,6 +30,7 @@ def test_example_runs(obj):
 
 @pytest.mark.parametrize("name", ["LeNet", "AlexNet", "ResNet", "VGG", "MobileNetV1", "MobileNetV2",
                                   "MobileNetV3Small", "MobileNetV3Large", "SqueezeNet", "DenseNet", "ShuffleNetV2",
+                                  "GoogLeNet",
                                   "set_image_backend", "Normalize", "Transpose"])
 def test_paddle_face_examples_run(name):
     pytest.importorskip("torchvision")

@@ -12,7 +12,7 @@ load into it. ``num_classes <= 0`` drops the classifier and
 cannot download weights here: it raises an error saying how to load a file.
 
 Importing this package imports neither torchvision nor Paddle's model modules:
-``LeNet``, ``AlexNet``, ``MobileNetV1``, ``MobileNetV3Small/Large``, ``SqueezeNet``, ``ShuffleNetV2``
+``LeNet``, ``AlexNet``, ``GoogLeNet``, ``MobileNetV1``, ``MobileNetV3Small/Large``, ``SqueezeNet``, ``ShuffleNetV2``
 and the recipe networks need only torch; the others
 load torchvision on first use.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 
 from .alexnet import AlexNet, alexnet
+from .googlenet import GoogLeNet, googlenet
 from .lenet import LeNet
 from .mobilenetv1 import MobileNetV1, mobilenet_v1
 from .mobilenetv3 import MobileNetV3Large, MobileNetV3Small, mobilenet_v3_large, mobilenet_v3_small
@@ -67,7 +68,8 @@ _LAZY = {
                     "densenet"),
 }
 
-__all__ = ["LeNet", "AlexNet", "alexnet", "MobileNetV1", "mobilenet_v1", "MobileNetV3Small", "MobileNetV3Large",
+__all__ = ["LeNet", "AlexNet", "alexnet", "GoogLeNet", "googlenet", "MobileNetV1", "mobilenet_v1",
+           "MobileNetV3Small", "MobileNetV3Large",
            "mobilenet_v3_small", "mobilenet_v3_large", "SqueezeNet",
            "squeezenet1_0", "squeezenet1_1", "ShuffleNetV2", "shufflenet_v2_x0_25", "shufflenet_v2_x0_33",
            "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0",

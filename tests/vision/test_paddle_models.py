@@ -264,3 +264,25 @@ def test_googlenet_returns_paddles_three_outputs():
     assert sd["_ince5b._conv5._conv.weight"].shape == (128, 48, 5, 5) and sd["_fc_o2.weight"].shape == (1024, 1152)
     feats = models.GoogLeNet(num_classes=0)(torch.randn(1, 3, 224, 224))
     assert [f.shape for f in feats] == [(1, 1024, 1, 1), (1, 512, 3, 3), (1, 528, 3, 3)]  # 128 * 3 * 3 = 1152
+
+
+def test_inception_v3_is_torchvisions_blocks_with_paddles_head():
+    ours = models.inception_v3()
+    ref = tv.inception_v3(aux_logits=False, init_weights=False)
+    assert n_params(ours) == n_params(ref) and "AuxLogits.fc.weight" not in ours.state_dict()
+    assert all(m.eps == 1e-5 for m in ours.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert ours(torch.randn(1, 3, 299, 299)).shape == (1, 1000)  # Paddle's docstring: [1, 1000]
+    feats = models.InceptionV3(num_classes=0).eval()
+    ref.eval()
+    for m in ref.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.eps = 1e-5
+    feats.load_state_dict({k: v for k, v in ref.state_dict().items() if not k.startswith("fc.")})
+    x = torch.randn(1, 3, 299, 299)
+    with torch.no_grad():
+        want = x
+        for name in ("Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "maxpool1", "Conv2d_3b_1x1", "Conv2d_4a_3x3",
+                     "maxpool2", "Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d",
+                     "Mixed_6e", "Mixed_7a", "Mixed_7b", "Mixed_7c", "avgpool"):
+            want = getattr(ref, name)(want)
+        torch.testing.assert_close(feats(x), want)

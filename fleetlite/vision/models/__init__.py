@@ -64,6 +64,7 @@ _LAZY = {
                      "resnext152_32x4d", "resnext152_64x4d", "wide_resnet50_2", "wide_resnet101_2"], "resnet"),
     **dict.fromkeys(["VGG", "vgg11", "vgg13", "vgg16", "vgg19"], "vgg"),
     **dict.fromkeys(["MobileNetV2", "mobilenet_v2"], "mobilenetv2"),
+    **dict.fromkeys(["InceptionV3", "inception_v3"], "inceptionv3"),
     **dict.fromkeys(["DenseNet", "densenet121", "densenet161", "densenet169", "densenet201", "densenet264"],
                     "densenet"),
 }

@@ -54,7 +54,9 @@ def test_pil_items_with_a_transform_like_torchvision(tmp_path):
     write_release(tmp_path)
     ds = Cifar10(data_file=tmp_path, mode="test", transform=ToTensor())
     image, label = ds[2]
-    assert torch.equal(image, ds.as_tensors()[0][2].float() / 255) and isinstance(label, int)
+    # Paddle's item: the label is a 0-d int64 numpy array (was a python int before Cifar10 followed Paddle)
+    assert torch.equal(image, ds.as_tensors()[0][2].float() / 255)
+    assert isinstance(label, np.ndarray) and label.dtype == np.int64 and label.shape == () and int(label) == label
     raw, _ = Cifar10(data_file=tmp_path, mode="test")[2]
     assert type(raw).__name__ == "Image" and raw.size == (32, 32)
 
@@ -159,4 +161,4 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="mode='valid'"):
         Cifar10(mode="valid")
     with pytest.raises(ValueError, match="backend"):
-        Cifar10(data_file=".", backend="cv2")
+        Cifar10(data_file=".", backend="tensor")  # "cv2" is Paddle's float-array backend now

@@ -107,3 +107,27 @@ def test_importing_io_and_vision_does_not_import_torchvision():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_paddle_normalize_and_transpose_follow_paddles_broadcasting():
+    from PIL import Image
+    from torchvision.transforms import Normalize as TvNormalize
+
+    from fleetlite.vision.transforms import Normalize, Transpose
+
+    gray = np.arange(28 * 28, dtype=np.uint8).reshape(28, 28)
+    # Paddle's MNIST programs: Normalize(mean=[127.5], std=[127.5], data_format='CHW') on a PIL 'L' image
+    out = Normalize(mean=[127.5], std=[127.5], data_format="CHW")(Image.fromarray(gray))
+    assert out.shape == (1, 28, 28) and out.dtype == np.float32
+    np.testing.assert_allclose(out[0], (gray.astype(np.float32) - 127.5) / 127.5)
+    assert Normalize(127.5, 127.5)(gray).shape == (3, 28, 28)  # a number means three channels, as in Paddle
+    rgb = np.random.default_rng(0).integers(0, 256, (4, 5, 3)).astype(np.float32)
+    hwc = Normalize([1, 2, 3], [2, 4, 8], data_format="HWC", to_rgb=True)(rgb)
+    np.testing.assert_allclose(hwc, (rgb[..., ::-1] - np.array([1, 2, 3])) / np.array([2, 4, 8]), rtol=1e-6)
+    x = torch.rand(3, 8, 8)
+    torch.testing.assert_close(Normalize([0.1, 0.2, 0.3], [0.5, 0.6, 0.7])(x),
+                               TvNormalize([0.1, 0.2, 0.3], [0.5, 0.6, 0.7])(x))
+    assert Transpose()(gray).shape == (1, 28, 28) and Transpose()(Image.fromarray(gray)).shape == (1, 28, 28)
+    assert Transpose((1, 0, 2))(rgb).shape == (5, 4, 3) and Transpose()(torch.zeros(4, 5, 3)).shape == (3, 4, 5)
+    with pytest.raises(ValueError, match="data_format='NCHW'"):
+        Normalize(data_format="NCHW")

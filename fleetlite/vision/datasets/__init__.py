@@ -1,4 +1,8 @@
-"""Image data sets: the real CIFAR-10 reader and a synthetic, offline stand-in with the same interfaces.
+"""Image data sets: Paddle's readers of the real files (CIFAR-10/100, MNIST, Fashion-MNIST, image folders) and
+a synthetic, offline CIFAR-10 stand-in.
+
+The readers keep Paddle's names, arguments and item types (``paddle.vision.datasets``); nothing is downloaded
+unless a file is missing and ``download=True``.
 
 Example::
 
@@ -7,8 +11,12 @@ Example::
     images, labels = train.as_tensors()
 """
 
+from ._common import DatasetError
 from .base import ImageArrayDataset
-from .cifar import Cifar10, DatasetError
+from .cifar import Cifar10, Cifar100
+from .folder import DatasetFolder, ImageFolder
+from .mnist import MNIST, FashionMNIST
 from .synthetic import SYNTHETIC_CLASSES, SyntheticCifar10
 
-__all__ = ["Cifar10", "SyntheticCifar10", "DatasetError", "ImageArrayDataset", "SYNTHETIC_CLASSES"]
+__all__ = ["Cifar10", "Cifar100", "MNIST", "FashionMNIST", "DatasetFolder", "ImageFolder", "SyntheticCifar10",
+           "DatasetError", "ImageArrayDataset", "SYNTHETIC_CLASSES"]

@@ -1,6 +1,7 @@
 """CIFAR-10 networks used by the recipes: the fleet quick-start CNN, ResNet-18 (CIFAR stem) and an airbench-style net.
 
-None of them needs torchvision. ``resnet18`` keeps torchvision's parameter
+None of them needs torchvision. ``cifar_resnet18`` (the recipes' ``resnet18``;
+``fleetlite.vision.models.resnet18`` is Paddle's ImageNet ResNet-18) keeps torchvision's parameter
 names (``conv1``, ``bn1``, ``layer1.0.conv1``, ..., ``fc``), so its state dict
 loads into ``torchvision.models.resnet18`` once that model's stem is given the
 same 3x3 convolution and its max-pool is removed.
@@ -22,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils.weights import load_safetensors, read_config
+from ...utils.weights import load_safetensors, read_config
 
-__all__ = ["TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "resnet18", "fast", "build_model", "MODELS",
+__all__ = ["TutorialCNN", "ResNet18", "FastNet", "tutorial_cnn", "cifar_resnet18", "fast", "build_model", "MODELS",
            "from_safetensors"]
 
 
@@ -56,7 +57,7 @@ class TutorialCNN(nn.Module):
         return self.linear2(F.relu(self.linear1(x)))
 
 
-class BasicBlock(nn.Module):
+class _CifarBasicBlock(nn.Module):
     """ResNet basic block (two 3x3 convolutions), torchvision's layout and names."""
 
     expansion = 1
@@ -97,7 +98,8 @@ class ResNet18(nn.Module):
         planes = [width, 2 * width, 4 * width, 8 * width]
         in_planes = width
         for i, (p, stride) in enumerate(zip(planes, (1, 2, 2, 2)), start=1):
-            self.add_module(f"layer{i}", nn.Sequential(BasicBlock(in_planes, p, stride), BasicBlock(p, p, 1)))
+            stage = nn.Sequential(_CifarBasicBlock(in_planes, p, stride), _CifarBasicBlock(p, p, 1))
+            self.add_module(f"layer{i}", stage)
             in_planes = p
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
@@ -192,8 +194,8 @@ def tutorial_cnn(num_classes: int = 10) -> TutorialCNN:
     return TutorialCNN(num_classes=num_classes)
 
 
-def resnet18(num_classes: int = 10, width: int = 64) -> ResNet18:
-    """ResNet-18, CIFAR variant (3x3 stem, no max-pool)."""
+def cifar_resnet18(num_classes: int = 10, width: int = 64) -> ResNet18:
+    """ResNet-18, CIFAR variant (3x3 stem, no max-pool): the recipes' ``resnet18`` (``build_model("resnet18")``)."""
     return ResNet18(num_classes=num_classes, width=width)
 
 
@@ -203,7 +205,8 @@ def fast(num_classes: int = 10, widths: Sequence[int] = (64, 256, 256), bn_momen
     return FastNet(num_classes=num_classes, widths=widths, bn_momentum=bn_momentum, scaling_factor=scaling_factor)
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"tutorial_cnn": tutorial_cnn, "resnet18": resnet18, "fast": fast}
+MODELS: dict[str, Callable[..., nn.Module]] = {"tutorial_cnn": tutorial_cnn, "resnet18": cifar_resnet18,
+                                              "fast": fast}
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

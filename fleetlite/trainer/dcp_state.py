@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
+from ..parallel.sharded.rebuild import groups_kept
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 __all__ = ["keeps_optimizer", "write_dcp", "read_dcp_state", "load_dcp_weights", "TRAINER_FILE"]
@@ -135,7 +136,8 @@ def load_dcp_weights(trainer, path: Path, state: dict[str, Any]) -> None:
     if "optim" in app and _zero(trainer) is not None:
         _load_partition(module, _zero(trainer), app["optim"])
     elif "optim" in app:
-        set_optimizer_state_dict(module, _optimizer(trainer), app["optim"])
+        with groups_kept(_optimizer(trainer)):  # Note [shared parameter groups]
+            set_optimizer_state_dict(module, _optimizer(trainer), app["optim"])
     elif consolidated is not None and trainer.optimizer is not None:
         try:
             trainer.optimizer.load_state_dict(consolidated)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import capture_rng_state, restore_rng_state
+from ..checkpoint import capture_rng_state, restore_rng_state
 
 __all__ = ["FitState", "ResumePoint", "restore_rng"]
 

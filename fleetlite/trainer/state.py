@@ -1,6 +1,6 @@
 """The Trainer's full training state: what a checkpoint holds and how it is put back.
 
-Checkpoint entries (see :mod:`fleetlite.trainer.checkpoint` for the file format):
+Checkpoint entries (see :mod:`fleetlite.checkpoint` for the file format):
 
 ``model`` (unprefixed state_dict) · ``optimizer`` · ``scaler`` (amp) ·
 ``data`` (the training data's position) · ``progress`` (epoch, batch in
@@ -38,12 +38,22 @@ from typing import Any
 import torch
 
 from .. import __version__
-from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
+from ..checkpoint import (
+    CheckpointError,
+    LoadedCheckpoint,
+    find_newest,
+    is_checkpoint_dir,
+    load_checkpoint,
+    on_every_rank,
+    read,
+    save_checkpoint,
+    validate,
+    warn_if_overwriting,
+)
 from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
-from .checkpoint import LATEST, CheckpointError, LoadedCheckpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from .dcp_state import keeps_optimizer, load_dcp_weights, read_dcp_state, write_dcp
+from .dcp_state import load_dcp_weights, write_dcp
 from .fit_state import ResumePoint
 
 __all__ = ["build_state", "save_dcp", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
@@ -150,7 +160,7 @@ def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = 
     """
     if not trainer.at_step_boundary:
         raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
-    state = build_state(trainer, weights=False, optimizer=keeps_optimizer(trainer))
+    state = build_state(trainer, weights=False, optimizer=False)  # the shards hold both
     return write_dcp(trainer, path, state, latest=latest, async_save=async_save)
 
 
@@ -201,19 +211,6 @@ def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
     return path
 
 
-def warn_if_overwriting(directory: str | Path | None) -> None:
-    """Warn (rank 0) when a fresh run is about to overwrite the checkpoints an earlier run left in ``directory``."""
-    if directory is None or collective.get_rank() != 0:
-        return
-    directory = Path(directory)
-    found = [p.name for p in list_checkpoints(directory)] + ([LATEST] if (directory / LATEST).exists() else [])
-    if found:
-        shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
-        warn_user(f"fleetlite: {directory} already holds the checkpoints of an earlier run ({shown}); this fresh "
-                  "run overwrites them as it saves. Continue that run with fit(..., resume='latest'), use another "
-                  "save_dir, or pass resume=False to start afresh deliberately (no warning)")
-
-
 def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
     """The checkpoint file to resume from (decided on rank 0, the same on every rank) or None.
 
@@ -248,17 +245,17 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
         if directory is None:
             raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
                              "ModelCheckpoint(save_dir=...)")
-        found = _newest(directory)
+        found = find_newest(directory, require=REQUIRED)
         if found is None and resume != "auto":
             raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
                                              "resume='auto' to start fresh when there is none")
         return found
     p = Path(resume)
     if p.is_dir():
-        if dcp_ckpt.is_checkpoint_dir(p):
-            dcp_ckpt.validate(p)
+        if is_checkpoint_dir(p):
+            validate(p)
             return p
-        found = _newest(p)
+        found = find_newest(p, require=REQUIRED)
         if found is None:
             raise CheckpointError(p, "holds no valid checkpoint to resume from")
         return found
@@ -266,29 +263,10 @@ def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
     return p
 
 
-def _newest(directory: str | Path) -> Path | None:
-    """The newest valid checkpoint file or sharded checkpoint directory in ``directory``."""
-    return dcp_ckpt.find_newest(directory, require=REQUIRED)
-
-
 def read_resume(path: Path) -> dict[str, Any]:
-    """Load a resume checkpoint (a file, or a sharded checkpoint's trainer.pt) on every rank; all ranks fail
-    together with the same message."""
-    state, error = None, None
-    try:
-        if path.is_dir():
-
-            state = read_dcp_state(path, REQUIRED)
-        else:
-            state = load_checkpoint(path, require=REQUIRED)
-    except CheckpointError as e:
-        error = str(e)
-    if collective.is_initialized():
-        errors = [e for e in collective.all_gather_object(error) if e is not None]
-        error = errors[0] if errors else None
-    if error is not None:
-        raise CheckpointError(None, error)
-    return state
+    """Read a resume checkpoint's entries (a file, or a checkpoint directory's trainer.pt) on every rank; all
+    ranks fail together with the same message."""
+    return on_every_rank(lambda: read(path, REQUIRED).state)
 
 
 def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -329,7 +307,7 @@ def restore_for_fit(t, path: Path, train) -> ResumePoint:
                                     "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
                                     "a TensorLoader)")
     if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-        load_dcp_weights(t, path, s)
+        load_dcp_weights(t, path)
     else:
         try:
             load_model_state(t, s["model"])

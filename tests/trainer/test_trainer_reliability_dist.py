@@ -13,8 +13,8 @@ from trainer_helpers import IndexedDataset, RecordingTrainer, dataset, xy
 
 import fleetlite
 from fleetlite.callbacks import ModelCheckpoint, NonFiniteLossError, TerminateOnNaN
+from fleetlite.checkpoint import CheckpointError, load_checkpoint
 from fleetlite.testing import run_ranks
-from fleetlite.trainer.checkpoint import CheckpointError, load_checkpoint
 
 
 def bn_net(seed: int = 0) -> nn.Module:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ...trainer.checkpoint import save_checkpoint
+from ...checkpoint import save_checkpoint
 from ..fleet import context as fleet_context
 from ..fleet import fleet as fleet_mod
 

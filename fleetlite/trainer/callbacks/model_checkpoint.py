@@ -19,11 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ... import checkpoint as dcp_ckpt
+from ...checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale
 from ...distributed import collective
 from ...utils.atomic import atomic_write_text
 from ...utils.user_warning import warn_user
-from ..checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale_temporaries
 from ..state import save_dcp
 from .base import Callback, is_rank_zero
 from .monitor import MonitorMixin, missing_monitor, resolve_mode
@@ -125,8 +124,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
         if is_rank_zero():
             try:
                 probe_writable(self.directory)
-                remove_stale_temporaries(self.directory)
-                dcp_ckpt.remove_stale(self.directory)
+                remove_stale(self.directory)
             except CheckpointError as e:
                 error = str(e)
         if collective.is_initialized():

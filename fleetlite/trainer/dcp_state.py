@@ -100,7 +100,7 @@ def write_dcp(trainer, path: str | Path, trainer_state: dict[str, Any] | None, l
 
     Returns a :class:`fleetlite.checkpoint.PendingSave`; the shards are staged (copied) before this returns,
     so training may go on while an async save writes them. ``trainer_state`` comes from
-    :func:`fleetlite.trainer.state.save_dcp`, which is what callers use.
+    :meth:`~fleetlite.trainer.checkpoint_connector.CheckpointConnector.save_sharded`, which is what callers use.
     """
     files = {} if trainer_state is None else {ckpt.RANK0_FILE: lambda p: ckpt.save_checkpoint(trainer_state, p)}
     meta = {"global_step": trainer.global_step, "epoch": trainer.epoch,
@@ -109,9 +109,11 @@ def write_dcp(trainer, path: str | Path, trainer_state: dict[str, Any] | None, l
                          latest=latest)
 
 
-def load_dcp_weights(trainer, path: Path) -> None:
-    """Load the model (and optimizer) shards of ``path`` into the trainer's model and optimizer (collective)."""
+def load_dcp_weights(trainer, path: Path, optimizer: bool = True) -> None:
+    """Load the model (and, with ``optimizer``, the optimizer) shards of ``path`` into the trainer (collective)."""
     app = _app_state(trainer)
+    if not optimizer:
+        app.pop("optim", None)
     ckpt.load(app, path)
     module = _module(trainer)
     set_model_state_dict(module, app["model"])

@@ -1,6 +1,7 @@
 """What ``Trainer.fit`` resolves before its loop runs, each thing once: the arguments checked, the data
 adapters, the callbacks, the loop plan (:class:`~fleetlite.trainer.loops.FitPlan`) and, for a resume, the
-checkpoint loaded (:func:`~fleetlite.trainer.state.restore_for_fit`, the one load path). Also the checks of
+checkpoint read and checked (:meth:`~fleetlite.trainer.checkpoint_connector.CheckpointConnector.read`; the loop
+restores it). Also the checks of
 ``compile``'s training objects (metrics, clipping).
 """
 
@@ -10,13 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import state
+from ..checkpoint import LoadedCheckpoint, warn_if_overwriting
 from .callbacks import ModelCheckpoint
 from .callbacks._build import build_callbacks
 from .clipping import resolve_grad_clip
 from .connector import check_positive
 from .data_adapter import build_adapter, describe_sizes, keras_xy
-from .fit_state import ResumePoint
 from .keras_fit import apply_keras_options, check_call_order
 from .loops import FitPlan
 from .metrics import Metric
@@ -73,7 +73,7 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
                 num_iters: int | None, resume: Any, save_dir: str | os.PathLike | None, verbose: int, seed: int, *,
                 validation_split: float, steps_per_epoch: int | None, validation_steps: int | None,
                 initial_epoch: int, eval_steps: int | None, class_weight: Any, sample_weight: Any):
-    """(train adapter, eval adapter or None, callbacks, :class:`FitPlan`, :class:`ResumePoint` or None) of a fit.
+    """(train adapter, eval adapter or None, callbacks, :class:`FitPlan`, the checkpoint to resume or None).
 
     Raises before any training when an argument, the data or the resume checkpoint does not fit.
     """
@@ -111,7 +111,6 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
     if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
         resume = "auto"  # BackupAndRestore
     if resume is None:
-        state.warn_if_overwriting(ckpt_dir)
-    path = state.resolve_resume(resume, ckpt_dir)
-    point: ResumePoint | None = state.restore_for_fit(t, path, train) if path is not None else None
-    return train, evaluation, cbs, plan, point
+        warn_if_overwriting(ckpt_dir)
+    loaded: LoadedCheckpoint | None = t.checkpoint_connector.read(resume, ckpt_dir, train)
+    return train, evaluation, cbs, plan, loaded

@@ -1,12 +1,11 @@
 """The progress of a fit in one object (Lightning's loop progress): :class:`FitState`.
 
 The loops (:mod:`~fleetlite.trainer.loops`) move it forward, the checkpoint
-code (:mod:`~fleetlite.trainer.state`) saves and loads it, and callbacks read
+connector (:mod:`~fleetlite.trainer.checkpoint_connector`) saves and loads it, and callbacks read
 it through the Trainer's read-only properties (``trainer.epoch``,
 ``trainer.global_step``, ``trainer.at_step_boundary``...). Its checkpoint
 entries are ``progress`` (:meth:`FitState.state_dict`) and, per rank, the RNG
 states and the epoch's partial sums (:meth:`FitState.rank_state_dict`).
-A resume hands the loop a :class:`ResumePoint` (Note [resume order]).
 """
 
 from __future__ import annotations
@@ -17,29 +16,13 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import capture_rng_state, restore_rng_state
+from ..checkpoint import capture_rng_state
 
-__all__ = ["FitState", "ResumePoint", "restore_rng"]
+__all__ = ["FitState"]
 
 
 def _zero() -> torch.Tensor:
     return torch.zeros((), dtype=torch.float64)
-
-
-@dataclass
-class ResumePoint:
-    """What a loaded checkpoint gives the epoch loop: where to continue and this rank's RNG states and sums.
-
-    Built by :func:`fleetlite.trainer.state.restore_for_fit` after it loaded the weights, the optimizer, the
-    data position and the progress; the loop restores the rest in Note [resume order]'s order.
-    """
-
-    epoch_finished: bool
-    pass_done: bool  # the saved pass had consumed its last batch (only its epoch end was missing)
-    rng: dict[str, Any] | None  # this rank's RNG states at the saved step
-    epoch_rng: dict[str, Any] | None  # ... and at the start of the saved epoch
-    sums: dict[str, Any]  # this rank's partial sums of the epoch: loss_sum, count, metrics
-    callbacks: dict[str, Any]
 
 
 @dataclass
@@ -87,19 +70,20 @@ class FitState:
         return torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64)
 
     # -- epochs ------------------------------------------------------------------------------------------------
-    def start_epoch(self, epoch: int, metrics, resume: ResumePoint | None = None) -> None:
-        """Enter ``epoch``: fresh counters and sums, or a resumed epoch's (RNG: the loop's, Note [resume order])."""
+    def start_epoch(self, epoch: int, metrics) -> None:
+        """Enter ``epoch`` afresh: counters and sums at zero, the epoch-start RNG states captured."""
+        self.epoch, self.epoch_finished, self.batch_in_epoch = epoch, False, 0
+        self.reset_sums(metrics)
+        self.epoch_rng = capture_rng_state()
+
+    def resume_epoch(self, epoch: int, metrics, sums: dict[str, Any], epoch_rng: dict[str, Any] | None) -> None:
+        """Re-enter an epoch saved midway: its partial sums and epoch-start RNG states (Note [resume order])."""
         self.epoch, self.epoch_finished = epoch, False
         self.reset_sums(metrics)
-        if resume is None:
-            self.batch_in_epoch = 0
-            self.epoch_rng = capture_rng_state()
-            return
-        sums = resume.sums
         self.loss_sum, self.count = torch.tensor(sums["loss_sum"], dtype=torch.float64), int(sums["count"])
         for m, s in zip(metrics, sums.get("metrics") or []):
             m.load_state_dict(s)
-        self.epoch_rng = resume.epoch_rng
+        self.epoch_rng = epoch_rng
 
     @property
     def pass_done(self) -> bool:
@@ -128,9 +112,3 @@ class FitState:
         return {"rng": capture_rng_state(), "epoch_rng": self.epoch_rng,
                 "train_accum": {"loss_sum": float(self.loss_sum), "count": int(self.count),
                                 "metrics": [m.state_dict() for m in metrics]}}
-
-
-def restore_rng(state: dict[str, Any] | None) -> None:
-    """Restore RNG states captured in a checkpoint (nothing for None)."""
-    if state is not None:
-        restore_rng_state(state)

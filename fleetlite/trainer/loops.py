@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import LoadedCheckpoint
 from ..distributed import collective
 from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
@@ -23,7 +24,6 @@ from ..io.evaluation import trim_batch
 from ..parallel.comm import broadcast_coalesced
 from .callbacks import Preemption
 from .data_adapter import DataAdapter, batch_length
-from .fit_state import ResumePoint, restore_rng
 from .metrics import reduce_sums
 
 __all__ = ["FitPlan", "run_fit", "run_evaluate", "run_predict", "evaluate_in_epoch", "metric_logs", "sync_buffers"]
@@ -91,30 +91,15 @@ def sync_buffers(t) -> None:
         broadcast_coalesced(buffers, getattr(t.parallel_network, "group", None))
 
 
-def _start_epoch(t, adapter: DataAdapter, epoch: int, resume: ResumePoint | None):
-    """Enter the epoch, restore a resumed position (Note [resume order]) and return the batch iterator.
-
-    None means the resumed pass has no batch left (only its epoch end is missing).
-    """
-    st = t.fit_state
-    # a pass resumed after its last batch: the data already points at the next epoch, only the epoch end is left
-    exhausted = resume is not None and adapter.resumable and resume.pass_done
-    if not exhausted:
-        adapter.set_epoch(epoch)
-    st.start_epoch(epoch, t.metrics, resume)
-    if resume is None:
-        return iter(adapter)
-    restore_rng(resume.epoch_rng)
-    it = None if exhausted else iter(adapter)
-    if not adapter.resumable and st.batch_in_epoch:  # Note [resume replay]
-        for _ in range(st.batch_in_epoch):
-            next(it)
-    restore_rng(resume.rng)
-    return it
+def _start_epoch(t, adapter: DataAdapter, epoch: int):
+    """Enter ``epoch`` afresh and return its batch iterator (a resumed epoch's: ``CheckpointConnector.restore``)."""
+    adapter.set_epoch(epoch)
+    t.fit_state.start_epoch(epoch, t.metrics)
+    return iter(adapter)
 
 
 def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan, callbacks,
-            resume: ResumePoint | None) -> None:
+            resume: LoadedCheckpoint | None) -> None:
     """The epoch loop; a lost peer rank becomes a ``CollectiveError`` naming it (Note [lost rank diagnosis]).
 
     The optimizer's gradient-merge window is driven by the loop (Note [gradient merge window]).
@@ -138,27 +123,22 @@ def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan
 
 
 def _run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan, callbacks,
-             resume: ResumePoint | None, merge: GradientMerge) -> None:
+             resume: LoadedCheckpoint | None, merge: GradientMerge) -> None:
     st = t.fit_state
     num_iters = plan.num_iters
-    start_epoch = plan.initial_epoch  # Keras' initial_epoch; a resumed run's position wins
-    if resume is not None:
-        start_epoch = st.epoch + 1 if resume.epoch_finished else st.epoch
-        if resume.epoch_finished:
-            restore_rng(resume.rng)
-    mid_epoch = None if resume is None or resume.epoch_finished else resume
     t.stop_training = False
-    callbacks.on_train_begin()
-    if resume is not None:
-        callbacks.load_state_dict(resume.callbacks)
+    start_epoch, resumed = plan.initial_epoch, None  # Keras' initial_epoch; a resumed run's position wins
+    if resume is None:
+        callbacks.on_train_begin()
+    else:  # everything put back in one method, on_train_begin at its place (Note [resume order])
+        start_epoch, resumed, exhausted = t.checkpoint_connector.restore(resume, train, callbacks)
     logs: dict[str, Any] = {}
     for epoch in range(start_epoch, plan.epochs):
         if t.stop_training or (num_iters is not None and st.global_step >= num_iters):
             break
-        it = _start_epoch(t, train, epoch, mid_epoch)
-        mid_epoch = None
-        pass_len = 0 if it is None else train.length()
-        it = iter(()) if it is None else it
+        it = _start_epoch(t, train, epoch) if resumed is None else resumed
+        pass_len = 0 if resumed is not None and exhausted else train.length()
+        resumed = None
         callbacks.params["steps"] = None if pass_len is None else st.batch_in_epoch + pass_len
         callbacks.on_epoch_begin(epoch)
         t.parallel_network.train()

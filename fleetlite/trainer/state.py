@@ -1,4 +1,4 @@
-"""The Trainer's full training state: what a checkpoint holds and how it is put back.
+"""The Trainer's full training state: what a checkpoint holds (the entries, built and checked here).
 
 Checkpoint entries (see :mod:`fleetlite.checkpoint` for the file format):
 
@@ -10,23 +10,8 @@ sums of the epoch's training loss and metrics: ``FitState.rank_state_dict``) ·
 ``world_size`` · ``callbacks`` (each callback's state; LR schedulers are
 inside their ``LRScheduler``) · ``strategy`` · ``config`` · ``meta``.
 
-A resume reads the file once (:func:`restore_for_fit`): the weights, the
-optimizer, the data position and the progress go in at once, and the loop
-gets a :class:`~fleetlite.trainer.fit_state.ResumePoint` for the rest.
-
-# Note [resume order]
-Bit-identical resume needs the same sequence of random draws as the
-uninterrupted run. Creating a DataLoader iterator draws from the global torch
-RNG, so on resume the epoch-start RNG states are restored first, the
-iterator is created (and for loaders without a sampler cursor the consumed
-batches are replayed, Note [resume replay]), and only then are the RNG
-states of the saved step restored.
-
-# Note [resume replay]
-A loader without a DistributedBatchSampler has no position to save; it is
-resumed by re-creating the epoch's iterator from the epoch-start RNG states
-and skipping the batches already consumed. This is exact for deterministic
-loaders (``num_workers=0``) at the same world size.
+Writing and putting back: :class:`~fleetlite.trainer.checkpoint_connector.CheckpointConnector`
+(Note [resume order]).
 """
 
 from __future__ import annotations
@@ -38,27 +23,12 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..checkpoint import (
-    CheckpointError,
-    LoadedCheckpoint,
-    find_newest,
-    is_checkpoint_dir,
-    load_checkpoint,
-    on_every_rank,
-    read,
-    save_checkpoint,
-    validate,
-    warn_if_overwriting,
-)
+from ..checkpoint import CheckpointError
 from ..distributed import collective
 from ..utils.user_warning import warn_user
-from ..utils.weights import strip_compile_prefix
-from .dcp_state import load_dcp_weights, write_dcp
-from .fit_state import ResumePoint
 
-__all__ = ["build_state", "save_dcp", "write_state", "save_trainer", "resolve_resume", "read_resume", "restore_for_fit",
-           "rank_entry", "load_weights", "full_weights", "load_model_state", "check_optimizer", "warn_if_overwriting",
-           "optimizer_name", "REQUIRED"]
+__all__ = ["build_state", "model_state", "rank_entry", "full_weights", "load_model_state", "check_optimizer",
+           "check_finite", "optimizer_name", "REQUIRED"]
 
 REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")
 
@@ -151,40 +121,6 @@ def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hin
                                         f"class; {hint}")
 
 
-def save_dcp(trainer, path: str | Path, latest: bool = True, async_save: bool = False):
-    """Write the training state as a DCP directory (collective); returns a :class:`fleetlite.checkpoint.PendingSave`.
-
-    The Trainer's own entries go to ``trainer.pt`` (built here, as for a plain checkpoint); the model and
-    optimizer shards are staged (copied) before this returns, so training may go on while an async save
-    writes them.
-    """
-    if not trainer.at_step_boundary:
-        raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
-    state = build_state(trainer, weights=False, optimizer=False)  # the shards hold both
-    return write_dcp(trainer, path, state, latest=latest, async_save=async_save)
-
-
-def write_state(trainer, path: str | Path, latest: bool = False) -> Path:
-    """Build the state and write it on rank 0; every rank returns the path or raises the same error."""
-    path = Path(path)
-    state = build_state(trainer)
-    error = None
-    if state is not None:
-        try:
-            if latest:
-                check_finite(state["model"], path)
-            save_checkpoint(state, path, latest=latest)
-        except CheckpointError as e:
-            error = e.problem
-        except TypeError as e:
-            error = f"TypeError: {e}"
-    if collective.is_initialized():
-        error = collective.all_gather_object(error)[0]
-    if error is not None:
-        raise CheckpointError(path, f"saving failed on rank 0: {error}")
-    return path
-
-
 def check_finite(weights: dict[str, Any], path: Path) -> None:
     """Refuse (``CheckpointError``) weights holding NaN/inf: such a checkpoint never replaces ``latest.pt``."""
     bad = [k for k, v in weights.items()
@@ -194,79 +130,6 @@ def check_finite(weights: dict[str, Any], path: Path) -> None:
                                     f"{' ...' if len(bad) > 5 else ''}; training diverged, and latest.pt keeps "
                                     "pointing at the last finite checkpoint. Add fleetlite.callbacks.TerminateOnNaN "
                                     "to stop at the first non-finite loss; try a lower learning rate")
-
-
-def save_trainer(trainer, path: str | Path, training: bool = True) -> Path:
-    """``Trainer.save``: the full training state (collective), or with ``training=False`` the weights (rank 0)."""
-    path = Path(path)
-    if path.suffix == "":
-        path = path.with_suffix(".pt")
-    if training:
-        if trainer.parallel_network is None:
-            trainer.setup()
-        return write_state(trainer, path)
-    weights = model_state(trainer)
-    if collective.get_rank() == 0:
-        save_checkpoint({"model": weights, "config": trainer.config}, path)
-    return path
-
-
-def resolve_resume(resume: Any, directory: str | Path | None) -> Path | None:
-    """The checkpoint file to resume from (decided on rank 0, the same on every rank) or None.
-
-    ``resume``: None/False (fresh), a file path, a directory (its newest valid
-    checkpoint), ``"latest"`` (the newest valid checkpoint of ``directory``,
-    falling back with a warning; an error when there is none) or ``"auto"``
-    (like ``"latest"`` but a fresh start when there is none), or a
-    :class:`~fleetlite.trainer.checkpoint.LoadedCheckpoint` (a file the caller
-    already read on every rank, kept as it is).
-    """
-    if resume is None or resume is False:
-        return None
-    if isinstance(resume, LoadedCheckpoint):  # already read (and agreed) by the caller: not read again
-        return resume
-    choice: str | None = None
-    error: str | None = None
-    if collective.get_rank() == 0:
-        try:
-            p = _resolve_local(resume, directory)
-            choice = None if p is None else str(p)
-        except (CheckpointError, ValueError) as e:
-            error = str(e)
-    if collective.is_initialized():
-        choice, error = collective.all_gather_object((choice, error))[0]
-    if error is not None:
-        raise CheckpointError(None, error)
-    return None if choice is None else Path(choice)
-
-
-def _resolve_local(resume: Any, directory: str | Path | None) -> Path | None:
-    if resume in ("latest", "auto") or resume is True:
-        if directory is None:
-            raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
-                             "ModelCheckpoint(save_dir=...)")
-        found = find_newest(directory, require=REQUIRED)
-        if found is None and resume != "auto":
-            raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
-                                             "resume='auto' to start fresh when there is none")
-        return found
-    p = Path(resume)
-    if p.is_dir():
-        if is_checkpoint_dir(p):
-            validate(p)
-            return p
-        found = find_newest(p, require=REQUIRED)
-        if found is None:
-            raise CheckpointError(p, "holds no valid checkpoint to resume from")
-        return found
-    load_checkpoint(p, require=REQUIRED)  # a clear error now, before any work
-    return p
-
-
-def read_resume(path: Path) -> dict[str, Any]:
-    """Read a resume checkpoint's entries (a file, or a checkpoint directory's trainer.pt) on every rank; all
-    ranks fail together with the same message."""
-    return on_every_rank(lambda: read(path, REQUIRED).state)
 
 
 def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -292,80 +155,3 @@ def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[
     return entry, total
 
 
-def restore_for_fit(t, path: Path, train) -> ResumePoint:
-    """Load ``path`` into trainer ``t`` before ``fit`` runs: model, optimizer, scaler, data position, progress.
-
-    Callback states, RNG states and the epoch's partial sums are put back by
-    the loop from the returned :class:`ResumePoint` (Note [resume order]).
-    Raises ``CheckpointError`` naming the file when it does not fit the model or the run.
-    """
-    s = path.state if isinstance(path, LoadedCheckpoint) else read_resume(path)
-    path = Path(path)
-    world = collective.get_world_size()
-    if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
-        raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
-                                    "training data with a DistributedBatchSampler (a Dataset, such a DataLoader or "
-                                    "a TensorLoader)")
-    if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-        load_dcp_weights(t, path)
-    else:
-        try:
-            load_model_state(t, s["model"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(path, f"incompatible with this model: {e}") from None
-    check_optimizer(path, s, t.user_optimizer, "resume with the optimizer it was trained with (recipes: the same "
-                                                "optim=...), or start a new run from its weights with "
-                                                "Trainer.load(path, reset_optimizer=True)")
-    try:
-        if s.get("optimizer") is not None and not path.is_dir():
-            t.optimizer.load_state_dict(s["optimizer"])
-        amp = getattr(t.optimizer, "amp", None)
-        if s.get("scaler") and amp is not None:
-            amp.load_state_dict(s["scaler"])
-        if s.get("data") is not None:
-            train.load_position(s["data"])
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(path, f"incompatible with this run: {e}") from None
-    t.fit_state.load_state_dict(s["progress"])
-    entry, sums = rank_entry(s, collective.get_rank(), world)
-    return ResumePoint(epoch_finished=bool(s["progress"]["epoch_finished"]),
-                       pass_done=bool(s["progress"].get("pass_done", False)), rng=entry["rng"],
-                       epoch_rng=entry["epoch_rng"], sums=sums, callbacks=s["callbacks"])
-
-
-def load_weights(t, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
-    """``Trainer.load``: weights from a checkpoint or a plain state_dict file, then the optimizer state."""
-    path = Path(path)
-    if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
-        path = path.with_suffix(".pt")
-    try:
-        s = load_checkpoint(path)
-        weights = s["model"]
-    except CheckpointError as e:
-        if "not a fleetlite checkpoint" not in e.problem:
-            raise
-        s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
-        if not isinstance(weights, dict):
-            raise
-    if not reset_optimizer:  # before anything is loaded
-        check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
-    weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
-    own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
-    if skip_mismatch:
-        bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
-        if bad:
-            warn_user(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}")
-        own.update({k: v for k, v in weights.items() if k not in bad})
-        weights = own
-    try:
-        load_model_state(t, weights)
-    except RuntimeError as e:
-        raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
-                                    f"matches): {e}") from None
-    if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
-        t.setup()  # wraps the optimizer too; a loss is not needed to load
-        try:
-            t.optimizer.load_state_dict(s["optimizer"])
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
-                                        "reset_optimizer=True to load the weights only") from None

@@ -6,7 +6,8 @@ properties), what ``fit`` resolves before its loop in
 :mod:`~fleetlite.trainer.fit_setup`, data adaptation in
 :mod:`~fleetlite.trainer.data_adapter`, environment and wrapping in
 :mod:`~fleetlite.trainer.connector`, the checkpointed state in
-:mod:`~fleetlite.trainer.state`. This class holds the model, the steps (override
+:mod:`~fleetlite.trainer.state`, saving and restoring it in
+:mod:`~fleetlite.trainer.checkpoint_connector`. This class holds the model, the steps (override
 ``train_step``/``eval_step``/``predict_step`` as in Keras) and the public API.
 """
 
@@ -26,6 +27,7 @@ from ..utils.weights import strip_compile_prefix
 from . import export, loops, state
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
+from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
 from .connector import AgreedConfig, Connector, check_positive, plain_config, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
@@ -102,6 +104,7 @@ class Trainer:
         self.example_inputs: tuple[torch.Tensor, ...] | None = None  # two input rows of the first batch, for export
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
+        self.checkpoint_connector = CheckpointConnector(self)  # saves and restores the training state
     # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle); paddle_hapi: callbacks follow Paddle's rules
     merge_avg: bool | None = None
     paddle_hapi = False
@@ -287,8 +290,9 @@ class Trainer:
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``, falling back with a warning), ``"auto"``
         (same, or a fresh start), a checkpoint file, or a directory; ``None`` starts fresh and warns when ``save_dir``
         already holds an earlier run's checkpoints (they get overwritten), ``False`` starts fresh without a word.
-        Everything is restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
-        total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation: :mod:`~.fit_setup`.)
+        Everything is restored, mid-epoch included (Note [resume order] in :mod:`~.checkpoint_connector`).
+        ``num_iters`` caps the total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation:
+        :mod:`~.fit_setup`.)
         """
         train, evaluation, cbs, plan, point = prepare_fit(
             self, train_data, eval_data, epochs, batch_size, eval_freq, log_freq, callbacks, shuffle, drop_last,
@@ -352,7 +356,7 @@ class Trainer:
         if not self.at_step_boundary:
             raise RuntimeError("save_checkpoint was called in the middle of a gradient accumulation window; call it "
                                "at a step boundary (trainer.at_step_boundary), e.g. via trainer.request_save")
-        return state.write_state(self, path, latest=latest)
+        return self.checkpoint_connector.save(path, latest=latest)
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the Trainer's device (the first batch's two rows are kept as ``example_inputs``)."""
@@ -374,7 +378,12 @@ class Trainer:
 
         Collective when ``training`` (every rank calls it; rank 0 writes).
         """
-        return state.save_trainer(self, path, training)
+        path = Path(path)
+        path = path.with_suffix(".pt") if path.suffix == "" else path
+        if not training:
+            return self.checkpoint_connector.save_weights(path)
+        self.setup()
+        return self.checkpoint_connector.save(path)
 
     def export(self, path: str | os.PathLike, format: str = "safetensors",
                example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True,
@@ -387,12 +396,13 @@ class Trainer:
         return export.trainer_export(self, path, format, example_inputs, dynamic_batch, config)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
-        """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.
+        """Load weights (and the optimizer state unless ``reset_optimizer``) from any checkpoint ``fit`` writes (a
+        file, a sharded checkpoint directory, the ``latest`` pointer, a run's checkpoint directory) or a weights file.
 
         ``skip_mismatch`` skips (with a warning) entries whose name or shape does not match the model instead of
         failing. Training progress is not restored: use ``fit(resume=path)`` for that.
         """
-        state.load_weights(self, path, skip_mismatch, reset_optimizer)
+        self.checkpoint_connector.load(path, skip_mismatch, reset_optimizer)
         return self
 
     def summary(self, print_table: bool = True) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from ...checkpoint import CheckpointError, atomic_alias, probe_writable, remove_
 from ...distributed import collective
 from ...utils.atomic import atomic_write_text
 from ...utils.user_warning import warn_user
-from ..state import save_dcp
 from .base import Callback, is_rank_zero
 from .monitor import MonitorMixin, missing_monitor, resolve_mode
 
@@ -232,7 +231,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
         self._prune(1 if self.async_save and periodic else 0)
         folder = name[:-3] if name.endswith(".pt") else name
         rank0 = is_rank_zero()
-        pending = save_dcp(self.trainer, self.directory / folder, latest=True, async_save=self.async_save)
+        pending = self.trainer.checkpoint_connector.save_sharded(self.directory / folder, latest=True,
+                                                                 async_save=self.async_save)
         self._in_flight = pending if self.async_save else None
         if rank0 and best and folder != "best":
             atomic_write_text(self.directory / "best", folder)

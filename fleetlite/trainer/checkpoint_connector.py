@@ -1,0 +1,318 @@
+"""Saving and restoring a Trainer's training state: one owner for both (Lightning's checkpoint connector).
+
+:class:`CheckpointConnector` writes the state (:meth:`~CheckpointConnector.save`: a checkpoint file;
+:meth:`~CheckpointConnector.save_sharded`: a DCP directory), reads the one to resume from
+(:meth:`~CheckpointConnector.read`) and puts it back in one ordered method
+(:meth:`~CheckpointConnector.restore`, Note [resume order]). ``Trainer.fit(resume=...)``,
+``Trainer.load``, ``Trainer.save`` and ``ModelCheckpoint`` all go through it, under every
+strategy (data parallel, sharding stages 1-3): the entries are listed in :mod:`.state`, the
+file and directory formats are :mod:`fleetlite.checkpoint`'s.
+
+# Note [resume replay]
+A loader without a DistributedBatchSampler has no position to save; it is
+resumed by re-creating the epoch's iterator from the epoch-start RNG states
+and skipping the batches already consumed. This is exact for deterministic
+loaders (``num_workers=0``) at the same world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from ..checkpoint import (
+    CheckpointError,
+    LoadedCheckpoint,
+    PendingSave,
+    find_newest,
+    is_checkpoint_dir,
+    load_checkpoint,
+    on_every_rank,
+    read,
+    restore_rng_state,
+    save_checkpoint,
+    validate,
+)
+from ..checkpoint.pointer import LATEST
+from ..distributed import collective
+from ..utils.user_warning import warn_user
+from ..utils.weights import strip_compile_prefix
+from .dcp_state import load_dcp_weights, write_dcp
+from .state import REQUIRED, build_state, check_finite, check_optimizer, load_model_state, model_state, rank_entry
+
+__all__ = ["CheckpointConnector", "Resumed"]
+
+_RESUME_HINT = ("resume with the optimizer it was trained with (recipes: the same optim=...), or start a new run from "
+                "its weights with Trainer.load(path, reset_optimizer=True)")
+
+
+class Resumed(NamedTuple):
+    """Where a restored fit continues: ``epoch``, and for a checkpoint saved mid-epoch that epoch's ``batches``
+    (positioned after the ones already done), else None; ``exhausted``: the saved pass had no batch left (only
+    its epoch's end was missing)."""
+
+    epoch: int
+    batches: Iterator | None
+    exhausted: bool = False
+
+
+class CheckpointConnector:
+    """Save and restore one Trainer's training state (every strategy; collective where the model is sharded).
+
+    Example::
+
+        conn = trainer.checkpoint_connector
+        conn.save("ckpt/step-00000010.pt", latest=True)     # collective; rank 0 writes
+        found = conn.read("latest", "ckpt", train)           # on every rank, checked before any work
+    """
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    # -- save ---------------------------------------------------------------------------------------------------
+    def save(self, path: str | Path, latest: bool = False) -> Path:
+        """Write the full training state as a checkpoint file (collective; rank 0 writes, every rank returns the
+        path or raises the same error). With ``latest`` non-finite weights are refused (``latest.pt`` stays)."""
+        path = Path(path)
+        state = build_state(self.trainer)
+        error = None
+        if state is not None:
+            try:
+                if latest:
+                    check_finite(state["model"], path)
+                save_checkpoint(state, path, latest=latest)
+            except CheckpointError as e:
+                error = e.problem
+            except TypeError as e:
+                error = f"TypeError: {e}"
+        if collective.is_initialized():
+            error = collective.all_gather_object(error)[0]
+        if error is not None:
+            raise CheckpointError(path, f"saving failed on rank 0: {error}")
+        return path
+
+    def save_sharded(self, path: str | Path, latest: bool = True, async_save: bool = False) -> PendingSave:
+        """Write the training state as a DCP directory (collective); the model and optimizer shards are staged
+        before this returns, so training may go on while an async save writes them."""
+        if not self.trainer.at_step_boundary:
+            raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
+        state = build_state(self.trainer, weights=False, optimizer=False)  # the shards hold both
+        return write_dcp(self.trainer, path, state, latest=latest, async_save=async_save)
+
+    def save_weights(self, path: str | Path) -> Path:
+        """The weights alone (and the config) as a checkpoint file (collective when sharded; rank 0 writes)."""
+        weights = model_state(self.trainer)
+        if collective.get_rank() == 0:
+            save_checkpoint({"model": weights, "config": self.trainer.config}, path)
+        return Path(path)
+
+    # -- choose and read --------------------------------------------------------------------------------------------
+    def read(self, resume: Any, directory: str | Path | None, train) -> LoadedCheckpoint | None:
+        """The checkpoint ``resume`` names, read on every rank and checked against this run (or None: fresh).
+
+        ``resume``: None/False (fresh), a file, a checkpoint directory, a run's directory (its newest valid
+        checkpoint), ``"latest"`` (the newest valid one in ``directory``, an error when there is none),
+        ``"auto"`` (the same, or a fresh start), or a :class:`LoadedCheckpoint` (already read: kept).
+        """
+        if resume is None or resume is False:
+            return None
+        if not isinstance(resume, LoadedCheckpoint):
+            path = self._choose(resume, directory)
+            if path is None:
+                return None
+            resume = LoadedCheckpoint(path, on_every_rank(lambda: read(path, REQUIRED).state))
+        path, s = Path(resume.path), resume.state
+        world = collective.get_world_size()
+        if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
+            raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
+                                        "training data with a DistributedBatchSampler (a Dataset, such a DataLoader "
+                                        "or a TensorLoader)")
+        return resume
+
+    @staticmethod
+    def _choose(resume: Any, directory: str | Path | None) -> Path | None:
+        """The checkpoint to resume from, chosen on rank 0 (the same on every rank), or None."""
+
+        def choose() -> str | None:
+            if collective.get_rank() != 0:
+                return None
+            try:
+                p = _locate(resume, directory)
+            except ValueError as e:
+                raise CheckpointError(None, str(e)) from None
+            return None if p is None else str(p)
+
+        choice = on_every_rank(choose)
+        if collective.is_initialized():
+            choice = collective.all_gather_object(choice)[0]
+        return None if choice is None else Path(choice)
+
+    # -- restore ------------------------------------------------------------------------------------------------------
+    def restore(self, loaded: LoadedCheckpoint, train, callbacks) -> Resumed:
+        """Put a read checkpoint back into the Trainer, its callbacks and the training data, in this order.
+
+        Called by the fit loop in place of ``callbacks.on_train_begin()``, which it fires at its step (3).
+        Raises ``CheckpointError`` naming the checkpoint when it does not fit the model or the run.
+
+        # Note [resume order]
+        Bit-identical resume needs the same state and the same sequence of random draws as the
+        uninterrupted run. (1) the model; (2) the optimizer and the amp scaler (their loads keep the
+        parameter-group dicts an LR scheduler holds, Note [shared parameter groups]); (3) the loop's
+        progress and the data position, which callbacks read in ``on_train_begin``; (4) the callbacks,
+        LR schedulers included: ``on_train_begin`` (where they reset themselves), then their saved
+        state; (5) the RNG states: creating a DataLoader iterator draws from the global torch RNG, so
+        for an epoch saved midway the epoch-start states are restored first, the iterator is created
+        (and for loaders without a sampler cursor the consumed batches are replayed, Note [resume
+        replay]), and only then are the states of the saved step restored.
+        """
+        t, s, path = self.trainer, loaded.state, Path(loaded.path)
+        self._restore_model(path, s)                                              # (1)
+        self._restore_optimizer_and_scaler(path, s)                               # (2)
+        progress = s["progress"]                                                  # (3)
+        t.fit_state.load_state_dict(progress)
+        try:
+            if s.get("data") is not None:
+                train.load_position(s["data"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run: {e}") from None
+        callbacks.on_train_begin()                                                # (4)
+        callbacks.load_state_dict(s["callbacks"])
+        entry, sums = rank_entry(s, collective.get_rank(), collective.get_world_size())
+        epoch = t.fit_state.epoch
+        if progress["epoch_finished"]:                                            # (5)
+            restore_rng_state(entry["rng"])
+            return Resumed(epoch + 1, None)
+        exhausted = train.resumable and bool(progress.get("pass_done", False))  # only the epoch's end is left
+        if not exhausted:
+            train.set_epoch(epoch)
+        t.fit_state.resume_epoch(epoch, t.metrics, sums, entry["epoch_rng"])
+        restore_rng_state(entry["epoch_rng"])
+        batches = iter(()) if exhausted else iter(train)
+        if not train.resumable:  # Note [resume replay]
+            for _ in range(t.fit_state.batch_in_epoch):
+                next(batches)
+        restore_rng_state(entry["rng"])
+        return Resumed(epoch, batches, exhausted)
+
+    def _restore_model(self, path: Path, s: dict[str, Any]) -> None:
+        if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
+            load_dcp_weights(self.trainer, path)
+            return
+        try:
+            load_model_state(self.trainer, s["model"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(path, f"incompatible with this model: {e}") from None
+
+    def _restore_optimizer_and_scaler(self, path: Path, s: dict[str, Any]) -> None:
+        opt = self.trainer.optimizer
+        check_optimizer(path, s, self.trainer.user_optimizer, _RESUME_HINT)
+        try:
+            if s.get("optimizer") is not None and not path.is_dir():  # (a directory's came with the model)
+                opt.load_state_dict(s["optimizer"])
+            amp = getattr(opt, "amp", None)
+            if s.get("scaler") and amp is not None:
+                amp.load_state_dict(s["scaler"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run: {e}") from None
+
+    # -- Trainer.load -------------------------------------------------------------------------------------------------
+    def load(self, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
+        """``Trainer.load``: the weights (and the optimizer state unless ``reset_optimizer``) of any checkpoint
+        ``fit`` writes (a file, a DCP directory, the ``latest`` pointer, a run's checkpoint directory) or of a
+        plain state_dict file."""
+        t = self.trainer
+        path = _locate_for_load(Path(path))
+        if path.is_dir():
+            self._load_directory(path, skip_mismatch, reset_optimizer)
+            return
+        try:
+            s = load_checkpoint(path)
+            weights = s["model"]
+        except CheckpointError as e:
+            if "not a fleetlite checkpoint" not in e.problem:
+                raise
+            s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
+            if not isinstance(weights, dict):
+                raise
+        if not reset_optimizer:  # before anything is loaded
+            check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+        weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
+        own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
+        if skip_mismatch:
+            bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
+            if bad:
+                warn_user(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}")
+            own.update({k: v for k, v in weights.items() if k not in bad})
+            weights = own
+        try:
+            load_model_state(t, weights)
+        except RuntimeError as e:
+            raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
+                                        f"matches): {e}") from None
+        if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
+            t.setup()  # wraps the optimizer too; a loss is not needed to load
+            try:
+                t.optimizer.load_state_dict(s["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
+                                            "reset_optimizer=True to load the weights only") from None
+
+    def _load_directory(self, path: Path, skip_mismatch: bool, reset_optimizer: bool) -> None:
+        """``load`` of a DCP checkpoint directory: its shards, resharded to this run (collective)."""
+        if skip_mismatch:
+            raise ValueError(f"load(skip_mismatch=True) reads checkpoint files; {path} is a sharded checkpoint "
+                             "directory: take its weights with fleetlite.checkpoint.load_full(path), drop the "
+                             "mismatched entries, and pass them to set_weights")
+        t = self.trainer
+        s = on_every_rank(lambda: read(path).state)
+        if not reset_optimizer:
+            check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+        t.setup()
+        load_dcp_weights(t, path, optimizer=not reset_optimizer)
+
+
+def _locate(resume: Any, directory: str | Path | None) -> Path | None:
+    """The checkpoint ``resume`` names (see :meth:`CheckpointConnector.read`), validated; rank 0 only."""
+    if resume in ("latest", "auto") or resume is True:
+        if directory is None:
+            raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
+                             "ModelCheckpoint(save_dir=...)")
+        found = find_newest(directory, require=REQUIRED)
+        if found is None and resume != "auto":
+            raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
+                                             "resume='auto' to start fresh when there is none")
+        return found
+    p = Path(resume)
+    if p.is_dir():
+        if is_checkpoint_dir(p):
+            validate(p)
+            return p
+        found = find_newest(p, require=REQUIRED)
+        if found is None:
+            raise CheckpointError(p, "holds no valid checkpoint to resume from")
+        return found
+    load_checkpoint(p, require=REQUIRED)  # a clear error now, before any work
+    return p
+
+
+def _locate_for_load(path: Path) -> Path:
+    """What ``Trainer.load(path)`` reads: ``path``, ``path.pt``, the directory a ``latest`` pointer names, or the
+    newest valid checkpoint of a run's checkpoint directory."""
+    if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
+        return path.with_suffix(".pt")
+    if path.name == LATEST and path.is_file():  # the pointer of a sharded run: a text file naming the directory
+        target = path.parent / path.read_text().strip()
+        if not is_checkpoint_dir(target):
+            raise CheckpointError(path, f"names {target.name}, which is not a committed checkpoint directory; pass "
+                                        f"the run's checkpoint directory {path.parent} to load its newest valid one")
+        return target
+    if path.is_dir() and not is_checkpoint_dir(path):
+        found = find_newest(path)
+        if found is None:
+            raise CheckpointError(path, "holds no valid checkpoint (no checkpoint file, no committed checkpoint "
+                                        "directory); pass a checkpoint file or directory")
+        return found
+    return path

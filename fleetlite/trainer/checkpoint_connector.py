@@ -8,6 +8,18 @@
 strategy (data parallel, sharding stages 1-3): the entries are listed in :mod:`.state`, the
 file and directory formats are :mod:`fleetlite.checkpoint`'s.
 
+# Note [saves in flight]
+An asynchronous save (``ModelCheckpoint(async_save=True)``) commits only when
+waited on, collectively. Every way a fit ends settles the one in flight:
+the normal end, ``stop_training``, a preemption signal and TerminateOnNaN's
+stop commit it (:meth:`CheckpointConnector.finish_saves`, after
+``on_train_end``), and so does TerminateOnNaN's ``NonFiniteLossError``
+(raised on every rank at the same step). Any other exception may be one
+rank's alone, where a collective wait could hang: the save is then left
+uncommitted and a warning says so (:meth:`CheckpointConnector.abandon_saves`);
+``latest`` keeps naming the previous checkpoint. The save requests of the step
+that stopped on a non-finite loss never run (``Trainer.run_pending_saves``).
+
 # Note [resume replay]
 A loader without a DistributedBatchSampler has no position to save; it is
 resumed by re-creating the epoch's iterator from the epoch-start RNG states
@@ -71,6 +83,7 @@ class CheckpointConnector:
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
+        self._in_flight: PendingSave | None = None  # the asynchronous save not yet committed
 
     # -- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | Path, latest: bool = False) -> Path:
@@ -100,7 +113,25 @@ class CheckpointConnector:
         if not self.trainer.at_step_boundary:
             raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
         state = build_state(self.trainer, weights=False, optimizer=False)  # the shards hold both
-        return write_dcp(self.trainer, path, state, latest=latest, async_save=async_save)
+        pending = write_dcp(self.trainer, path, state, latest=latest, async_save=async_save)
+        if async_save:
+            self._in_flight = pending
+        return pending
+
+    def finish_saves(self) -> None:
+        """Wait for the asynchronous save in flight, if any, and commit it (collective; Note [saves in flight])."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            pending.wait()
+
+    def abandon_saves(self, why: BaseException) -> None:
+        """Say that the asynchronous save in flight, if any, is not committed (Note [saves in flight])."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None and not pending.done and collective.get_rank() == 0:
+            warn_user(f"fleetlite: fit ended with {type(why).__name__} while the asynchronous checkpoint "
+                      f"{pending.final} was being written; it was not committed (its temporary directory "
+                      f"{pending.tmp.name} is deleted by the next run) and 'latest' still names the previous "
+                      "checkpoint")
 
     def save_weights(self, path: str | Path) -> Path:
         """The weights alone (and the config) as a checkpoint file (collective when sharded; rank 0 writes)."""

@@ -22,7 +22,7 @@ from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
 from ..io.evaluation import trim_batch
 from ..parallel.comm import broadcast_coalesced
-from .callbacks import Preemption
+from .callbacks import NonFiniteLossError, Preemption
 from .data_adapter import DataAdapter, batch_length
 from .metrics import reduce_sums
 
@@ -106,14 +106,21 @@ def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan
     """
     st = t.fit_state
     st.adapter, st.fitting = train, True
+    saves = t.checkpoint_connector
     try:
         with peer_failures("training"), t.optimizer.merge.driven(plan.accumulate, t.merge_avg) as merge:
             st.accumulate = merge.k
-            _run_fit(t, train, evaluation, plan, callbacks, resume, merge)
+            try:
+                _run_fit(t, train, evaluation, plan, callbacks, resume, merge)
+            except NonFiniteLossError:  # raised on every rank at the same step: they commit together
+                saves.finish_saves()  # Note [saves in flight]
+                raise
+            saves.finish_saves()
     except BaseException as e:
         for cb in callbacks:  # trackers mark their run FAILED (fleetlite.trainer.callbacks.tracker)
             if hasattr(cb, "on_exception"):
                 cb.on_exception(e)
+        saves.abandon_saves(e)
         raise
     finally:
         st.fitting = False

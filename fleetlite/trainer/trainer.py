@@ -347,7 +347,10 @@ class Trainer:
         self.fit_state.pending_saves.append(fn)
 
     def run_pending_saves(self) -> None:
+        """Run the requested saves; after a non-finite loss stopped fit they are dropped (the weights are broken)."""
         pending = self.fit_state.pending_saves
+        if self.terminated_on_nan is not None:
+            pending.clear()
         while pending:
             pending.pop(0)()
 

@@ -18,6 +18,7 @@ from .comm_hooks import check_comm_hook
 from .ddp_args import resolve
 from .join import DataParallelJoinHook, announce_step
 from .reducer import Reducer
+from .wrapped import WrappedModel
 
 __all__ = ["DataParallel"]
 
@@ -56,7 +57,7 @@ def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missin
         state_dict[inner + rest] = state_dict.pop(key)
 
 
-class DataParallel(nn.Module, Joinable):
+class DataParallel(WrappedModel, Joinable):
     """Data-parallel wrapper: gradients are averaged across ranks during backward.
 
     A drop-in for ``torch.nn.parallel.DistributedDataParallel`` (same

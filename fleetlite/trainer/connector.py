@@ -28,8 +28,7 @@ from ..distributed.agreement import check_same_across_ranks
 from ..distributed.env import read_env
 from ..distributed.fleet.amp import warn_cpu_amp
 from ..distributed.fleet.recompute import is_recomputed
-from ..parallel import DataParallel
-from ..parallel.sharded import ShardedDataParallel
+from ..parallel import WrappedModel
 
 __all__ = ["Connector", "AgreedConfig", "resolve_device", "process_group_backend", "init_process_group",
            "check_positive", "plain_config", "compile_options", "unwrap_compiled"]
@@ -209,8 +208,8 @@ class Connector:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
         self.start()
         warn_cpu_amp(self.strategy, self.device)
-        if isinstance(network, (DataParallel, ShardedDataParallel)):
-            if self.compile is not None and isinstance(network, DataParallel):  # Note [compile in place]
+        if isinstance(network, WrappedModel):
+            if self.compile is not None and not network.is_sharded:  # Note [compile in place]
                 network.module.compile(**self.compile)
             return network, network.module
         network.to(self.device)

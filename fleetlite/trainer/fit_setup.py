@@ -95,12 +95,13 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
     plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps, _accumulate(t, accumulate_grad_batches))
     t.save_dir = Path(save_dir) if save_dir is not None else None
     pin = t.device.type == "cuda"
-    train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+    train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                          seed=seed, pin_memory=pin, role="train")
     if train.length() == 0:
         raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
                          "nothing: use a smaller batch_size, drop_last=False, or more data")
-    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, False, False,
-                                                                  num_workers, 0, pin, "eval")
+    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, num_workers=num_workers,
+                                                                  pin_memory=pin, role="eval")
     if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
         raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
     if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):

@@ -21,7 +21,6 @@ from ..distributed import collective
 from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
 from ..io.evaluation import trim_batch
-from ..parallel.comm import broadcast_coalesced
 from .callbacks import NonFiniteLossError, Preemption
 from .data_adapter import DataAdapter, batch_length
 from .metrics import reduce_sums
@@ -84,11 +83,7 @@ def sync_buffers(t) -> None:
     does), so after the last step every rank's buffers reflect its own last batch. Evaluation, prediction and
     the end of ``fit`` first take rank 0's, so every rank evaluates the model that is saved.
     """
-    if collective.get_world_size() == 1 or not collective.is_initialized():
-        return
-    buffers = [b for b in t.network.buffers()]
-    if buffers:
-        broadcast_coalesced(buffers, getattr(t.parallel_network, "group", None))
+    t.parallel_network.agree_buffers()
 
 
 def _start_epoch(t, adapter: DataAdapter, epoch: int):
@@ -117,9 +112,7 @@ def run_fit(t, train: DataAdapter, evaluation: DataAdapter | None, plan: FitPlan
                 raise
             saves.finish_saves()
     except BaseException as e:
-        for cb in callbacks:  # trackers mark their run FAILED (fleetlite.trainer.callbacks.tracker)
-            if hasattr(cb, "on_exception"):
-                cb.on_exception(e)
+        callbacks.on_exception(e)
         saves.abandon_saves(e)
         raise
     finally:
@@ -216,7 +209,7 @@ def evaluate_in_epoch(t, evaluation: DataAdapter, callbacks) -> None:
 def _idle_forward(t, batch: Any) -> None:
     """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward is
     collective (it all-gathers parameters), so every rank must run as many as the others."""
-    if hasattr(t.parallel_network, "full_state_dict"):
+    if t.parallel_network.is_sharded:
         t.network(*t.split_batch(t.to_device(batch))[0])
 
 

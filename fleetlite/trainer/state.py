@@ -65,9 +65,7 @@ def model_state(trainer, rank0_only: bool = True) -> dict[str, Any]:
     """The model's full unprefixed state; collective for a sharded (stage 2/3) model (then gathered on rank 0
     only unless ``rank0_only=False``)."""
     net = trainer.parallel_network
-    if hasattr(net, "full_state_dict"):
-        return net.full_state_dict(rank0_only=rank0_only)
-    return trainer.network.state_dict()
+    return trainer.network.state_dict() if net is None else net.full_state_dict(rank0_only=rank0_only)
 
 
 def full_weights(trainer) -> dict[str, torch.Tensor]:
@@ -82,7 +80,10 @@ def full_weights(trainer) -> dict[str, torch.Tensor]:
 def load_model_state(trainer, weights: dict[str, Any], strict: bool = True) -> None:
     """Load a full state into the model (into the shards of a sharded model; every rank holds ``weights``)."""
     net = trainer.parallel_network
-    (net if hasattr(net, "full_state_dict") else trainer.network).load_state_dict(weights, strict=strict)
+    if net is None:
+        trainer.network.load_state_dict(weights, strict=strict)
+    else:
+        net.load_full_state_dict(weights, strict=strict)
 
 
 def optimizer_name(optimizer: Any) -> str | None:

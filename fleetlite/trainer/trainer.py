@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..io.evaluation import trim_batch
-from ..parallel import DataParallel
+from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
 from . import export, loops, state
 from .callbacks import EMA, Callback, CallbackList, History
@@ -87,7 +87,7 @@ class Trainer:
             raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
         model, was_compiled = unwrap_compiled(model)  # no _orig_mod. keys (Note [compile in place])
         compile = compile or was_compiled
-        self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
+        self.network: nn.Module = model.module if isinstance(model, WrappedModel) else model
         self._given_model = model
         self.parallel_network: nn.Module | None = None
         self._connector = Connector(strategy, device, compile)
@@ -311,7 +311,7 @@ class Trainer:
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self.setup()
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
-        data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
+        data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
         cbs = build_callbacks(self, callbacks, verbose, log_freq, 1, None, batch_size, history=False)
         return loops.run_evaluate(self, data, cbs)
 
@@ -330,7 +330,7 @@ class Trainer:
         check_positive(batch_size=batch_size)
         self.setup()
         pin = self.device.type == "cuda"
-        adapter = build_adapter(data, batch_size, False, False, num_workers, 0, pin, "predict")
+        adapter = build_adapter(data, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
         cbs = build_callbacks(self, callbacks, verbose, 10, 1, None, batch_size, history=False)
         writer = None
         if output_dir is not None:

@@ -200,7 +200,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
     def _dcp(self) -> bool:
         if self.sharded is not None:
             return bool(self.sharded)
-        return self.async_save or hasattr(self.trainer.parallel_network, "full_state_dict")
+        return self.async_save or self.trainer.parallel_network.is_sharded
 
     def _request(self, name: str, best: bool, periodic: bool = True) -> None:
         if periodic and name not in self.saved:

@@ -29,7 +29,7 @@ loaders (``num_workers=0``) at the same world size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -84,6 +84,7 @@ class CheckpointConnector:
     def __init__(self, trainer) -> None:
         self.trainer = trainer
         self._in_flight: PendingSave | None = None  # the asynchronous save not yet committed
+        self._requests: list[Callable[[], None]] = []  # Note [checkpoint timing]
 
     # -- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | Path, latest: bool = False) -> Path:
@@ -117,6 +118,21 @@ class CheckpointConnector:
         if async_save:
             self._in_flight = pending
         return pending
+
+    def request(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a save) once the current hook has reached every callback (Note [checkpoint timing])."""
+        self._requests.append(fn)
+
+    def run_requests(self) -> None:
+        """Run the requested saves in order; dropped after a non-finite loss stopped fit (Note [saves in flight])."""
+        if self.trainer.terminated_on_nan is not None:
+            self._requests.clear()
+        while self._requests:
+            self._requests.pop(0)()
+
+    def drop_requests(self) -> None:
+        """Forget the requested saves (a fit that ended)."""
+        self._requests.clear()
 
     def finish_saves(self) -> None:
         """Wait for the asynchronous save in flight, if any, and commit it (collective; Note [saves in flight])."""

@@ -1,6 +1,6 @@
 """``fleetlite.Trainer``: Keras-style fit/evaluate/predict over the fleet facade (Paddle's ``paddle.Model``).
 
-The loops are in :mod:`~fleetlite.trainer.loops`, the progress of a fit in
+The loops are in :mod:`~fleetlite.trainer.fit_loop` and :mod:`~fleetlite.trainer.loops`, the progress of a fit in
 :mod:`~fleetlite.trainer.fit_state` (read through this class's read-only
 properties), what ``fit`` resolves before its loop in
 :mod:`~fleetlite.trainer.fit_setup`, data adaptation in
@@ -13,8 +13,9 @@ properties), what ``fit`` resolves before its loop in
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,17 @@ from torch import nn
 from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
-from . import export, loops, state
+from . import export, state
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
 from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
 from .connector import AgreedConfig, Connector, check_positive, plain_config, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
+from .fit_loop import FitLoop
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState
+from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
 from .summary import summarize
@@ -294,15 +297,17 @@ class Trainer:
         ``num_iters`` caps the total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation:
         :mod:`~.fit_setup`.)
         """
-        train, evaluation, cbs, plan, point = prepare_fit(
+        self.terminated_on_nan = None
+        self.save_dir = Path(save_dir) if save_dir is not None else None  # the run's directory (callbacks read it)
+        fit = prepare_fit(
             self, train_data, eval_data, epochs, batch_size, eval_freq, log_freq, callbacks, shuffle, drop_last,
-            num_workers, accumulate_grad_batches, num_iters, resume, save_dir, verbose, seed,
+            num_workers, accumulate_grad_batches, num_iters, resume, verbose, seed,
             validation_split=validation_split, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             initial_epoch=initial_epoch, eval_steps=eval_steps, class_weight=class_weight,
             sample_weight=sample_weight)
-        self._callbacks = cbs
-        loops.run_fit(self, train, evaluation, plan, cbs, point)
-        return cbs.find(History)[0]
+        self.weighting, self._callbacks = fit.weighting, fit.callbacks
+        FitLoop(self, fit.train, fit.evaluation, fit.plan, fit.callbacks).run(fit.resume)
+        return fit.callbacks.find(History)[0]
 
     def evaluate(self, eval_data: Any, batch_size: int = 32, log_freq: int = 10,
                  callbacks: Sequence[Callback] | None = None, num_workers: int = 0, verbose: int = 1) -> dict[str, Any]:
@@ -313,7 +318,7 @@ class Trainer:
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
         data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
         cbs = build_callbacks(self, callbacks, verbose, log_freq, 1, None, batch_size, history=False)
-        return loops.run_evaluate(self, data, cbs)
+        return EvaluationLoop(self).run(data, cbs)
 
     def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
                 callbacks: Sequence[Callback] | None = None, verbose: int = 0,
@@ -335,7 +340,7 @@ class Trainer:
         writer = None
         if output_dir is not None:
             writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)
-        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs, writer)
+        return PredictionLoop(self).run(adapter, batch_size, stack_outputs, cbs, writer)
 
     def eval_due(self, epoch: int, eval_freq: int) -> bool:
         """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""
@@ -344,15 +349,20 @@ class Trainer:
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
     def request_save(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current hook has reached every callback (Note [checkpoint timing])."""
-        self.fit_state.pending_saves.append(fn)
+        self.checkpoint_connector.request(fn)
 
     def run_pending_saves(self) -> None:
         """Run the requested saves; after a non-finite loss stopped fit they are dropped (the weights are broken)."""
-        pending = self.fit_state.pending_saves
-        if self.terminated_on_nan is not None:
-            pending.clear()
-        while pending:
-            pending.pop(0)()
+        self.checkpoint_connector.run_requests()
+
+    @contextlib.contextmanager
+    def metrics_in_use(self, metrics: list[Metric]) -> Iterator[None]:
+        """Fill ``metrics`` instead of the Trainer's inside the block (a mid-epoch evaluation's copies)."""
+        saved, self.metrics = self.metrics, metrics
+        try:
+            yield
+        finally:
+            self.metrics = saved
 
     def save_checkpoint(self, path: str | os.PathLike, latest: bool = False) -> Path:
         """Write the full training state to ``path`` (collective: call it on every rank, at a step boundary)."""

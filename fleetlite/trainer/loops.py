@@ -8,6 +8,7 @@ every rank's buffers reflect its own last batch. Evaluation, prediction and the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,18 @@ class _InferenceLoop:
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
+
+    def _real_batches(self, data: DataAdapter) -> Iterator[tuple[int, Any]]:
+        """``(index, batch)`` of ``data`` with the sampler's padding cut off; a batch of padding only is not
+        yielded but still run forward when the model is sharded (:meth:`_idle_forward`)."""
+        for i, batch in enumerate(data):
+            valid = data.num_valid(i, batch)
+            if valid is not None:
+                if valid == 0:
+                    self._idle_forward(batch)
+                    continue
+                batch = trim_batch(batch, valid)
+            yield i, batch
 
     def _idle_forward(self, batch: Any) -> None:
         """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward
@@ -99,13 +112,7 @@ class EvaluationLoop(_InferenceLoop):
         callbacks.on_eval_begin()
         try:
             with torch.no_grad():
-                for i, batch in enumerate(data):
-                    valid = data.num_valid(i, batch)
-                    if valid is not None:
-                        if valid == 0:
-                            self._idle_forward(batch)
-                            continue
-                        batch = trim_batch(batch, valid)
+                for i, batch in self._real_batches(data):
                     n = batch_length(batch)
                     callbacks.on_eval_batch_begin(i)
                     t.fit_state.batch_valid = n
@@ -183,13 +190,7 @@ class PredictionLoop(_InferenceLoop):
         callbacks.on_predict_begin()
         try:
             with torch.no_grad():
-                for i, batch in enumerate(data):
-                    valid = data.num_valid(i, batch)
-                    if valid is not None:
-                        if valid == 0:
-                            self._idle_forward(batch)
-                            continue
-                        batch = trim_batch(batch, valid)
+                for i, batch in self._real_batches(data):
                     callbacks.on_predict_batch_begin(i)
                     outs = _as_outputs(_cpu(t.predict_step(t.to_device(batch))))
                     idx = list(indices[i][:batch_length(batch)]) if indices is not None else None

@@ -3,8 +3,8 @@
 Public names: ``Trainer`` (also ``fleetlite.Trainer`` / ``fleetlite.Model``),
 ``History``; the callbacks are in :mod:`fleetlite.callbacks`
 (= ``fleetlite.trainer.callbacks``), the metrics in :mod:`fleetlite.metric`
-(= ``fleetlite.trainer.metrics``), the checkpoint file helpers in
-:mod:`fleetlite.trainer.checkpoint`.
+(= ``fleetlite.trainer.metrics``), checkpoints in :mod:`fleetlite.checkpoint` (saved and
+restored by :mod:`fleetlite.trainer.checkpoint_connector`).
 
 Example::
 

@@ -35,6 +35,7 @@ from .lookup import (
     on_every_rank,
     read,
     remove_stale,
+    resolve,
     warn_if_overwriting,
 )
 from .pointer import LATEST, LATEST_FILE, atomic_alias, point_latest
@@ -44,8 +45,8 @@ __all__ = [
     "CheckpointError", "LoadedCheckpoint", "save_checkpoint", "load_checkpoint", "check_plain", "probe_writable",
     "MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "load_full", "read_full", "validate",
     "is_checkpoint_dir", "LATEST", "LATEST_FILE", "point_latest", "atomic_alias", "list_checkpoints", "read",
-    "find_newest", "load_newest", "find_latest", "remove_stale", "earlier_checkpoints", "warn_if_overwriting",
-    "on_every_rank", "capture_rng_state", "restore_rng_state",
+    "find_newest", "load_newest", "resolve", "find_latest", "remove_stale", "earlier_checkpoints",
+    "warn_if_overwriting", "on_every_rank", "capture_rng_state", "restore_rng_state",
 ]
 
 

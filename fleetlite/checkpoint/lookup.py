@@ -34,8 +34,8 @@ from . import dcp
 from .files import CheckpointError, LoadedCheckpoint, load_checkpoint
 from .pointer import LATEST, LATEST_FILE, pointed
 
-__all__ = ["list_checkpoints", "read", "load_newest", "find_newest", "remove_stale", "earlier_checkpoints",
-           "warn_if_overwriting", "on_every_rank", "load_full"]
+__all__ = ["list_checkpoints", "read", "load_newest", "find_newest", "resolve", "remove_stale",
+           "earlier_checkpoints", "warn_if_overwriting", "on_every_rank", "load_full"]
 
 T = TypeVar("T")
 _TMP_FILE = re.compile(r"^\..*\.tmp-[0-9a-f]+$")  # Note [atomic checkpoint]
@@ -121,6 +121,40 @@ def find_newest(root: str | os.PathLike, *, require: Iterable[str] = (), kind: s
     """The path of :func:`load_newest`'s checkpoint (``None`` when there is none)."""
     found = load_newest(root, require=require, kind=kind, warn=warn)
     return None if found is None else found.path
+
+
+def resolve(target: Any, directory: str | os.PathLike | None = None, *, require: Iterable[str] = (),
+            check: bool = True) -> Path | None:
+    """The checkpoint ``target`` names, checked (``CheckpointError`` or ``ValueError`` saying what is wrong).
+
+    ``"latest"``: the newest valid checkpoint in ``directory`` (an error when there is none); ``"auto"``: the
+    same, or None; a checkpoint file (``NAME`` also finds ``NAME.pt``), checked with ``require``; a checkpoint
+    directory, validated; a ``latest`` pointer: the directory it names; a run's checkpoint directory: its
+    newest valid checkpoint. ``check=False`` leaves a named file or directory unchecked (its reader checks it).
+    """
+    if target in ("latest", "auto") or target is True:
+        if directory is None:
+            raise ValueError(f"{target!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
+                             "ModelCheckpoint(save_dir=...)")
+        found = find_newest(directory, require=require)
+        if found is None and target != "auto":
+            raise CheckpointError(directory, f"holds no valid checkpoint ({target!r}); use 'auto' to start fresh "
+                                             "when there is none")
+        return found
+    p = Path(target)
+    if p.suffix == "" and not p.exists() and p.with_suffix(".pt").exists():
+        p = p.with_suffix(".pt")
+    if p.name == LATEST and p.is_file():  # a sharded run's pointer: a text file naming the directory
+        p = p.parent / p.read_text().strip()
+    if p.is_dir() and not dcp.is_checkpoint_dir(p) and not p.name.startswith("."):
+        found = find_newest(p, require=require)
+        if found is None:
+            raise CheckpointError(p, "holds no valid checkpoint (no checkpoint file, no committed checkpoint "
+                                     "directory); pass a checkpoint file or directory")
+        return found
+    if check:  # a clear error now, before any work
+        read(p, require) if p.is_dir() else load_checkpoint(p, require=require)
+    return p
 
 
 def remove_stale(root: str | os.PathLike) -> list[Path]:

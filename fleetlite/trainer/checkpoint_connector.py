@@ -39,16 +39,13 @@ from ..checkpoint import (
     CheckpointError,
     LoadedCheckpoint,
     PendingSave,
-    find_newest,
-    is_checkpoint_dir,
     load_checkpoint,
     on_every_rank,
     read,
+    resolve,
     restore_rng_state,
     save_checkpoint,
-    validate,
 )
-from ..checkpoint.pointer import LATEST
 from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
@@ -187,7 +184,7 @@ class CheckpointConnector:
             if collective.get_rank() != 0:
                 return None
             try:
-                p = _locate(resume, directory)
+                p = resolve(resume, directory, require=REQUIRED)
             except ValueError as e:
                 raise CheckpointError(None, str(e)) from None
             return None if p is None else str(p)
@@ -271,7 +268,7 @@ class CheckpointConnector:
         ``fit`` writes (a file, a DCP directory, the ``latest`` pointer, a run's checkpoint directory) or of a
         plain state_dict file."""
         t = self.trainer
-        path = _locate_for_load(Path(path))
+        path = resolve(path, check=False)
         if path.is_dir():
             self._load_directory(path, skip_mismatch, reset_optimizer)
             return
@@ -319,47 +316,3 @@ class CheckpointConnector:
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         t.setup()
         load_dcp_weights(t, path, optimizer=not reset_optimizer)
-
-
-def _locate(resume: Any, directory: str | Path | None) -> Path | None:
-    """The checkpoint ``resume`` names (see :meth:`CheckpointConnector.read`), validated; rank 0 only."""
-    if resume in ("latest", "auto") or resume is True:
-        if directory is None:
-            raise ValueError(f"resume={resume!r} needs a checkpoint directory: pass fit(..., save_dir=...) or a "
-                             "ModelCheckpoint(save_dir=...)")
-        found = find_newest(directory, require=REQUIRED)
-        if found is None and resume != "auto":
-            raise CheckpointError(directory, "holds no valid checkpoint to resume from (resume='latest'); use "
-                                             "resume='auto' to start fresh when there is none")
-        return found
-    p = Path(resume)
-    if p.is_dir():
-        if is_checkpoint_dir(p):
-            validate(p)
-            return p
-        found = find_newest(p, require=REQUIRED)
-        if found is None:
-            raise CheckpointError(p, "holds no valid checkpoint to resume from")
-        return found
-    load_checkpoint(p, require=REQUIRED)  # a clear error now, before any work
-    return p
-
-
-def _locate_for_load(path: Path) -> Path:
-    """What ``Trainer.load(path)`` reads: ``path``, ``path.pt``, the directory a ``latest`` pointer names, or the
-    newest valid checkpoint of a run's checkpoint directory."""
-    if path.suffix == "" and not path.exists() and path.with_suffix(".pt").exists():
-        return path.with_suffix(".pt")
-    if path.name == LATEST and path.is_file():  # the pointer of a sharded run: a text file naming the directory
-        target = path.parent / path.read_text().strip()
-        if not is_checkpoint_dir(target):
-            raise CheckpointError(path, f"names {target.name}, which is not a committed checkpoint directory; pass "
-                                        f"the run's checkpoint directory {path.parent} to load its newest valid one")
-        return target
-    if path.is_dir() and not is_checkpoint_dir(path):
-        found = find_newest(path)
-        if found is None:
-            raise CheckpointError(path, "holds no valid checkpoint (no checkpoint file, no committed checkpoint "
-                                        "directory); pass a checkpoint file or directory")
-        return found
-    return path

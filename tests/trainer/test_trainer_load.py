@@ -38,3 +38,12 @@ def test_load_accepts_every_checkpoint_fit_writes(tmp_path, async_save):
     weights_only = trainer()
     weights_only.load(tmp_path / last, reset_optimizer=True)
     assert _same(params(weights_only), done)
+
+
+def test_load_still_takes_a_plain_state_dict_file_and_a_name_without_pt(tmp_path):
+    source = trainer(seed=3)
+    torch.save(source.network.state_dict(), tmp_path / "w.pt")
+    for target in (tmp_path / "w.pt", tmp_path / "w"):  # NAME finds NAME.pt
+        fresh = trainer(seed=4)
+        fresh.load(target)
+        assert _same(params(fresh), params(source))

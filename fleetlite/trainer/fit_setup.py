@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..checkpoint import LoadedCheckpoint, warn_if_overwriting
+from .arguments import check_positive
 from .callbacks import ModelCheckpoint
 from .callbacks._build import build_callbacks
 from .clipping import resolve_grad_clip
-from .connector import check_positive
 from .data_adapter import DataAdapter, build_adapter, describe_sizes, keras_xy
 from .keras_fit import apply_keras_options, check_call_order
 from .loops import FitPlan

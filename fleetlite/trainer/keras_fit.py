@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from .connector import check_positive
+from .arguments import check_positive
 from .data_adapter import LimitedAdapter, build_adapter
 
 __all__ = ["apply_keras_options", "check_call_order"]

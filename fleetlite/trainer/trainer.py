@@ -26,11 +26,13 @@ from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
 from . import export, state
+from .arguments import check_positive
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
 from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
-from .connector import AgreedConfig, Connector, check_positive, plain_config, unwrap_compiled
+from .config import AgreedConfig, plain_config
+from .connector import Connector, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
 from .fit_loop import FitLoop
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping

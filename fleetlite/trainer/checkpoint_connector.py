@@ -50,7 +50,7 @@ from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
 from .dcp_state import load_dcp_weights, write_dcp
-from .state import REQUIRED, build_state, check_finite, check_optimizer, load_model_state, model_state, rank_entry
+from .state import REQUIRED, build_state, check_finite, load_model_state, model_state, optimizer_name
 
 __all__ = ["CheckpointConnector", "Resumed"]
 
@@ -316,3 +316,54 @@ class CheckpointConnector:
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         t.setup()
         load_dcp_weights(t, path, optimizer=not reset_optimizer)
+
+
+def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hint: str) -> None:
+    """Refuse, naming both, a checkpoint whose optimizer state comes from another optimizer class.
+
+    torch would load such a state silently and fail at the first step (``KeyError: 'momentum'``). Checkpoints
+    that do not record the class are checked by their hyperparameter names.
+    """
+    saved_opt = state.get("optimizer")
+    if optimizer is None or not isinstance(saved_opt, dict):
+        return
+    saved = (state.get("meta") or {}).get("optimizer")
+    mine = optimizer_name(optimizer)
+
+    def short(name: Any) -> str:
+        return str(name).rsplit(".", 1)[-1]
+
+    if saved is not None and saved != mine:
+        raise CheckpointError(path, f"its optimizer state comes from {short(saved)} ({saved}) but this run's "
+                                    f"optimizer is {short(mine)} ({mine}); {hint}")
+    groups = saved_opt.get("param_groups") or []
+    own = getattr(optimizer, "inner_opt", optimizer).param_groups
+    if saved is None and groups and own:
+        missing = sorted(set(own[0]) - set(groups[0]) - {"params"})
+        if missing:
+            raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
+                                        f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
+                                        f"class; {hint}")
+
+
+def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(RNG entry, training partial sums) for ``rank``; on another world size all sums go to rank 0."""
+    ranks = state["ranks"]
+    saved_world = int(state["world_size"])
+    if saved_world == world_size:
+        entry = ranks[rank]
+        return entry, entry["train_accum"]
+    if rank == 0:
+        warn_user(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
+                      "sample of the epoch is still seen once, but random streams (and so results) differ from "
+                      "an uninterrupted run")
+    entry = ranks[rank % saved_world]
+    if rank != 0:
+        return entry, {"loss_sum": 0.0, "count": 0, "metrics": None}
+    total = {"loss_sum": sum(r["train_accum"]["loss_sum"] for r in ranks),
+             "count": sum(r["train_accum"]["count"] for r in ranks), "metrics": None}
+    metric_states = [r["train_accum"]["metrics"] for r in ranks]
+    if metric_states and metric_states[0]:
+        total["metrics"] = [{k: sum(ms[i][k] for ms in metric_states) for k in metric_states[0][i]}
+                            for i in range(len(metric_states[0]))]
+    return entry, total

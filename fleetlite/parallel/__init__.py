@@ -6,6 +6,7 @@ from .comm import allreduce_mean_coalesced, broadcast_coalesced
 from .comm_hooks import GradBucket
 from .data_parallel import DataParallelBase
 from .faces import DataParallel, DistributedDataParallel
+from .wrapped import WrappedModel
 
-__all__ = ["DataParallel", "DistributedDataParallel", "DataParallelBase", "Bucket", "GradBucket", "plan_buckets",
-           "module_units", "allreduce_mean_coalesced", "broadcast_coalesced"]
+__all__ = ["DataParallel", "DistributedDataParallel", "DataParallelBase", "WrappedModel", "Bucket", "GradBucket",
+           "plan_buckets", "module_units", "allreduce_mean_coalesced", "broadcast_coalesced"]

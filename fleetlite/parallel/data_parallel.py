@@ -24,6 +24,7 @@ from .comm_hooks import check_comm_hook
 from .ddp_args import resolve
 from .join import DataParallelJoinHook, announce_step
 from .reducer import Reducer
+from .wrapped import WrappedModel
 
 __all__ = ["DataParallelBase"]
 
@@ -62,7 +63,7 @@ def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missin
         state_dict[inner + rest] = state_dict.pop(key)
 
 
-class DataParallelBase(nn.Module, Joinable):
+class DataParallelBase(WrappedModel, Joinable):
     """Data-parallel wrapper: gradients are averaged across ranks during backward (the engine under both faces).
 
     Not used directly: :class:`fleetlite.DataParallel` (Paddle's face) and

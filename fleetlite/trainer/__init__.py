@@ -3,8 +3,8 @@
 Public names: ``Trainer`` (also ``fleetlite.Trainer``), ``Model`` (Paddle's ``paddle.Model``, also
 ``fleetlite.Model``; a thin class that runs on a Trainer), ``History``. Callbacks: the Keras face's in
 :mod:`fleetlite.trainer.callbacks`, Paddle's in :mod:`fleetlite.callbacks` (= ``fleetlite.hapi.callbacks``);
-the metrics in :mod:`fleetlite.metric` (= ``fleetlite.trainer.metrics``), the checkpoint file helpers in
-:mod:`fleetlite.trainer.checkpoint`.
+the metrics in :mod:`fleetlite.metric` (= ``fleetlite.trainer.metrics``); checkpoints in
+:mod:`fleetlite.checkpoint` (saved and restored by :mod:`fleetlite.trainer.checkpoint_connector`).
 
 Example::
 

@@ -1,397 +1,42 @@
-"""Checkpoint files: atomic writes, safe loads, integrity checks, newest-valid lookup, RNG states.
+"""Moved: the checkpoint file format lives in :mod:`fleetlite.checkpoint` (this module keeps the old names).
 
-Usable on its own (recipes, fault tolerance) as well as by the Trainer.
-
-Format: one ``torch.save`` zip file holding a dict with ``"format":
-"fleetlite.checkpoint"``, ``"version"`` and the caller's entries. Only tensors
-and plain Python values are allowed (checked before anything is written), so
-the file loads with ``torch.load(weights_only=True)`` and loading never needs
-arbitrary unpickling; a file that does is refused.
-
-# Note [atomic checkpoint]
-A checkpoint is written to a hidden temporary file in the target directory,
-flushed and fsynced, then ``os.replace``d onto its name, and the directory is
-fsynced. A crash at any point leaves either the old file or the new one,
-never a torn file; aliases such as ``latest.pt`` are hard links (a copy where
-links are unsupported) swapped in the same way. Lookups ignore temporary
-files.
-
-# Note [checkpoint integrity]
-torch's zip reader does not verify CRCs, so a flipped byte inside a tensor
-loads silently. ``load_checkpoint`` first checks every zip record's CRC32
-(``zipfile.testzip``), so corruption anywhere in the file is reported.
-
-Example::
-
-    from fleetlite.trainer.checkpoint import save_checkpoint, load_checkpoint, find_latest_checkpoint
-    save_checkpoint({"model": net.state_dict(), "global_step": 10}, "ckpt/step-00000010.pt", latest=True)
-    state = load_checkpoint(find_latest_checkpoint("ckpt"))
+``LATEST``, ``list_checkpoints``, ``load_latest_checkpoint`` and ``find_latest_checkpoint`` here mean checkpoint
+*files* only, as before; :func:`fleetlite.checkpoint.find_newest` / ``load_newest`` take both kinds.
 """
 
 from __future__ import annotations
 
-import collections
 import os
-import pickle
-import random
-import re
-import shutil
-import struct
-import uuid
-import warnings
-import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
 
-import numpy as np
-import torch
-
-from ..distributed import ParallelEnv
-from ..utils.atomic import atomic_open, fsync_dir, temp_name
-from ..utils.user_warning import warn_user
-
-__all__ = [
-    "CheckpointError",
-    "FORMAT",
-    "VERSION",
-    "LATEST",
-    "save_checkpoint",
-    "load_checkpoint",
-    "check_plain",
-    "find_latest_checkpoint",
-    "load_latest_checkpoint",
-    "LoadedCheckpoint",
-    "list_checkpoints",
-    "atomic_alias",
-    "probe_writable",
-    "remove_stale_temporaries",
-    "capture_rng_state",
-    "restore_rng_state",
-]
-
-FORMAT = "fleetlite.checkpoint"
-VERSION = 1
-LATEST = "latest.pt"
-_TMP_RE = re.compile(r"^\..*\.tmp-[0-9a-f]+$")
-# exact types: subclasses (numpy.float64 is a float, torch's TorchVersion a str) pickle as their own class
-_PLAIN = frozenset({bool, int, float, complex, str, bytes, bytearray, type(None), torch.Size, torch.dtype,
-                    torch.device})
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, unreadable, corrupted, unsafe or incompatible; ``path`` names it."""
-
-    def __init__(self, path: str | os.PathLike | None, problem: str):
-        self.path = None if path is None else str(path)
-        self.problem = problem
-        super().__init__(f"checkpoint {self.path}: {problem}" if path is not None else problem)
-
-
-# -- writing -------------------------------------------------------------------
-def check_plain(obj: Any, where: str = "state") -> None:
-    """Raise ``TypeError`` naming the first entry that ``torch.load(weights_only=True)`` could not read back."""
-    stack = [(obj, where)]
-    while stack:
-        value, path = stack.pop()
-        if type(value) in _PLAIN or isinstance(value, torch.Tensor):
-            continue
-        if type(value) in (dict, collections.OrderedDict):
-            for k, v in value.items():
-                if not isinstance(k, (str, int, float, bool, type(None))):
-                    raise TypeError(f"{path} has a key of type {type(k).__name__} ({k!r}); checkpoint keys must "
-                                    "be str/int/float/bool/None")
-                stack.append((v, f"{path}[{k!r}]"))
-        elif type(value) in (list, tuple, set, frozenset):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-        else:
-            raise TypeError(
-                f"{path} is a {type(value).__module__}.{type(value).__qualname__}; a checkpoint holds only tensors "
-                "and plain Python values (dict/list/tuple/str/int/float/bool/None) so that it loads with "
-                "torch.load(weights_only=True). Convert it (e.g. return plain values from state_dict()).")
-
-
-def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: bool = False) -> Path:
-    """Write ``state`` atomically to ``path`` (see Note [atomic checkpoint]); returns the path.
-
-    ``state`` may hold tensors and plain Python values;
-    the ``format``/``version`` markers are added. With ``latest=True``,
-    ``latest.pt`` in the same directory is pointed at the new file.
-    Raises ``TypeError`` before writing anything when a value is not plain,
-    and ``CheckpointError`` when the write fails (the previous file stays).
-    """
-    path = Path(path)
-    if not isinstance(state, dict):
-        raise TypeError(f"save_checkpoint expects a dict, got {type(state).__name__}")
-    payload = {"format": FORMAT, "version": VERSION, **state}
-    check_plain(payload)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CheckpointError(path, f"cannot create the directory {path.parent}: {e.strerror or e}; "
-                                    "choose a writable save_dir") from e
-    try:
-        with atomic_open(path, "wb") as f:  # Note [atomic write]
-            torch.save(payload, f)
-    except (OSError, RuntimeError) as e:
-        # a real failed write (disk full, file-size limit) surfaces from torch's zip writer as a RuntimeError
-        # ("[enforce fail at inline_container.cc] unexpected pos"), the OSError being its context
-        raise CheckpointError(path, f"writing failed ({_write_error(e)}); the previous checkpoint, if any, is "
-                                    "unchanged. Free disk space or choose a writable save_dir") from e
-    if latest:
-        atomic_alias(path, path.parent / LATEST)
-    return path
-
-
-def _write_error(e: BaseException) -> str:
-    """The OS reason of a failed write: the ``OSError`` itself or the one behind torch's zip-writer error."""
-    seen = e
-    while seen is not None and not isinstance(seen, OSError):
-        seen = seen.__context__ or seen.__cause__
-    if isinstance(seen, OSError):
-        return seen.strerror or str(seen)
-    return _first_line(e)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
-def atomic_alias(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Make ``dst`` a hard link to (or, failing that, a copy of) ``src``, atomically replacing ``dst``."""
-    src, dst = Path(src), Path(dst)
-    tmp = temp_name(dst)
-    try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, dst)
-        fsync_dir(dst.parent)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    return dst
-
-
-def probe_writable(directory: str | os.PathLike) -> Path:
-    """Create ``directory`` if needed and prove a file can be written there; ``CheckpointError`` if not."""
-    directory = Path(directory)
-    probe = directory / f".write-test-{uuid.uuid4().hex[:8]}"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"ok")
-            f.flush()
-            os.fsync(f.fileno())
-        probe.unlink()
-    except OSError as e:
-        raise CheckpointError(directory, f"is not writable ({e.strerror or e}); checkpoints could not be saved. "
-                                         "Choose a writable save_dir, or free disk space") from e
-    return directory
-
-
-def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Delete temporary files left by saves that died midway (Note [atomic checkpoint]); returns them.
-
-    Call it only when no save is running into ``directory`` (e.g. at the start of training).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    stale = [p for p in directory.iterdir() if _TMP_RE.match(p.name) and p.is_file()]
-    for p in stale:
-        try:
-            p.unlink()
-        except OSError:
-            pass
-    return stale
-
-
-# -- reading -------------------------------------------------------------------
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verify: bool = True,
-                    require: Iterable[str] = ()) -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only=True``) and check it.
-
-    Args:
-        path: the file.
-        map_location: as for ``torch.load`` (default CPU).
-        verify: check every zip record's CRC first (Note [checkpoint integrity]).
-        require: top-level entries that must be present.
-
-    Raises:
-        CheckpointError: naming the file and the problem: missing, truncated or
-            corrupted, needing arbitrary unpickling (refused, nothing runs),
-            not a fleetlite checkpoint, from a newer format version, or
-            lacking a required entry.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(path, "no such file; check the path (or resume=None to start fresh)")
-    if path.is_dir():
-        raise CheckpointError(path, "is a directory; pass a checkpoint file, or use find_latest_checkpoint(dir)")
-    if verify and zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as z:
-                bad = z.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-            raise CheckpointError(path, f"truncated or corrupted ({e}); use an older checkpoint") from e
-        if bad is not None:
-            raise CheckpointError(path, f"corrupted: record {bad!r} fails its CRC check (the file was damaged "
-                                        "after it was written); use an older checkpoint")
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(path, "unreadable (0 bytes): empty, a write that never completed; use an older "
-                                    "checkpoint")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        if not _needs_globals(e):  # not a pickle at all (an invalid opcode): garbage, not an unsafe file
-            raise CheckpointError(path, f"unreadable ({size} bytes): not a checkpoint or corrupted "
-                                        f"({_unpickling_detail(e)}); use an older checkpoint") from None
-        raise CheckpointError(path, "refused: loading it needs arbitrary unpickling (it holds Python objects other "
-                                    "than tensors and plain values, which could run code), so it was not loaded. "
-                                    "If you trust its origin, load it yourself with torch.load(path, "
-                                    f"weights_only=False). Detail: {_unpickling_detail(e)}") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, IndexError, KeyError, TypeError,
-            AttributeError, struct.error, UnicodeDecodeError, MemoryError) as e:
-        # a damaged file breaks torch's reader in many ways (IndexError, struct.error, KeyError, ...)
-        raise CheckpointError(path, f"unreadable ({size} bytes): truncated or corrupted "
-                                    f"({type(e).__name__}: {_first_line(e)}); use an older checkpoint") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        kind = type(state).__name__ if not isinstance(state, dict) else "a dict without the fleetlite format marker"
-        raise CheckpointError(path, f"not a fleetlite checkpoint (found {kind}); write one with save_checkpoint "
-                                    "or Trainer.save")
-    if not isinstance(state.get("version"), int) or state["version"] > VERSION:
-        raise CheckpointError(path, f"format version {state.get('version')!r} is newer than this fleetlite "
-                                    f"understands ({VERSION}); upgrade fleetlite")
-    missing = [k for k in require if k not in state]
-    if missing:
-        raise CheckpointError(path, f"incompatible: lacks {missing}; it was not written by Trainer checkpointing")
-    return state
-
-
-def _needs_globals(e: Exception) -> bool:
-    """Whether torch's safe unpickler refused a class/function (a real unsafe file), not a garbage byte."""
-    text = str(e)
-    return "global" in text.lower() or "Unsupported class" in text or "allowlist" in text
-
-
-def _unpickling_detail(e: Exception) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Unsupported" in ln or "global" in ln.lower():
-            return ln.replace("WeightsUnpickler error: ", "")
-    return lines[0] if lines else type(e).__name__
+from ..checkpoint import (  # noqa: F401 - re-exported
+    CheckpointError,
+    LoadedCheckpoint,
+    atomic_alias,
+    capture_rng_state,
+    check_plain,
+    load_checkpoint,
+    load_newest,
+    probe_writable,
+    restore_rng_state,
+    save_checkpoint,
+)
+from ..checkpoint import list_checkpoints as _list
+from ..checkpoint.pointer import LATEST_FILE as LATEST  # noqa: F401 - re-exported
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Checkpoint files in ``directory`` (not ``latest.pt``, not temporary files), newest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    files = [p for p in directory.iterdir()
-             if p.is_file() and p.suffix == ".pt" and p.name != LATEST and not _TMP_RE.match(p.name)]
-
-    def key(p: Path):
-        try:
-            return (p.stat().st_mtime_ns, p.name)
-        except OSError:
-            return (0, p.name)
-
-    return sorted(files, key=key, reverse=True)
+    """Checkpoint files in ``directory``, newest first: ``fleetlite.checkpoint.list_checkpoints(d, kind="file")``."""
+    return _list(directory, kind="file")
 
 
-class LoadedCheckpoint(NamedTuple):
-    """A checkpoint file read once: its ``path`` and loaded ``state`` (``os.fspath`` gives the path).
-
-    Hand it to ``Trainer.fit(resume=...)`` so the file is not read a second time.
-
-    Example::
-
-        found = load_latest_checkpoint("outputs/run/checkpoints", require=["model"])
-        trainer.fit(data, resume=found)
-    """
-
-    path: Path
-    state: dict[str, Any]
-
-    def __fspath__(self) -> str:
-        return str(self.path)
+def load_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (), warn: bool = True):
+    """``fleetlite.checkpoint.load_newest(directory, kind="file", ...)``."""
+    return load_newest(directory, require=require, kind="file", warn=warn)
 
 
-def load_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
-                           warn: bool = True) -> LoadedCheckpoint | None:
-    """The newest valid checkpoint in ``directory``, loaded: ``latest.pt`` when valid, else the newest valid file.
-
-    Falls back with a warning naming each skipped file and why; ``None`` when
-    the directory holds no valid checkpoint.
-    """
-    directory = Path(directory)
-    candidates = ([directory / LATEST] if (directory / LATEST).exists() else []) + list_checkpoints(directory)
-    problems = []
-    for p in candidates:
-        try:
-            state = load_checkpoint(p, require=require)
-        except CheckpointError as e:
-            problems.append(f"{p.name}: {e.problem}")
-            continue
-        if problems and warn:
-            warn_user(f"fleetlite: skipped invalid checkpoint(s) in {directory} ({'; '.join(problems)}); "
-                          f"falling back to {p.name}")
-        return LoadedCheckpoint(p, state)
-    if problems and warn:
-        warn_user(f"fleetlite: no valid checkpoint in {directory} ({'; '.join(problems)})")
-    return None
-
-
-def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (),
-                           warn: bool = True) -> Path | None:
-    """The path of :func:`load_latest_checkpoint`'s checkpoint (``None`` when there is none)."""
+def find_latest_checkpoint(directory: str | os.PathLike, *, require: Iterable[str] = (), warn: bool = True):
+    """``fleetlite.checkpoint.find_newest(directory, kind="file", ...)``."""
     found = load_latest_checkpoint(directory, require=require, warn=warn)
     return None if found is None else found.path
-
-
-# -- RNG states ------------------------------------------------------------------
-def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG states (torch CPU and CUDA, python ``random``, numpy) as checkpoint-safe values."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # the rank's own device only: its index differs under another CUDA_VISIBLE_DEVICES, its stream does not
-        state["cuda_device"] = torch.cuda.get_rng_state(_rank_cuda_device())
-    return state
-
-
-def _rank_cuda_device() -> torch.device:
-    return ParallelEnv().device
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore states captured by :func:`capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    own = state.get("cuda_device")
-    if own is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(own, _rank_cuda_device())
-    cuda = state.get("cuda")  # older checkpoints: every visible device's state
-    if own is None and cuda is not None and torch.cuda.is_available():
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            warnings.warn(f"fleetlite: the checkpoint holds CUDA RNG states for {len(cuda)} devices but "
-                          f"{torch.cuda.device_count()} are visible; CUDA RNG states not restored", stacklevel=2)

@@ -28,11 +28,11 @@ from ..distributed.agreement import check_same_across_ranks
 from ..distributed.env import read_env
 from ..distributed.fleet.amp import warn_cpu_amp
 from ..distributed.fleet.recompute import is_recomputed
-from ..parallel import DataParallel
-from ..parallel.sharded import ShardedDataParallel
+from ..parallel import WrappedModel
+from .config import AgreedConfig, plain_config  # noqa: F401 - fleetlite.recipe imports them from here
 
-__all__ = ["Connector", "AgreedConfig", "resolve_device", "process_group_backend", "init_process_group",
-           "check_positive", "plain_config", "compile_options", "unwrap_compiled"]
+__all__ = ["Connector", "resolve_device", "process_group_backend", "init_process_group", "compile_options",
+           "unwrap_compiled"]
 
 # Note [compile in place]
 # ``Trainer(compile=...)`` compiles the network with ``nn.Module.compile`` (torch.compile of the module's own
@@ -42,38 +42,6 @@ __all__ = ["Connector", "AgreedConfig", "resolve_device", "process_group_backend
 # checkpoint loads into an uncompiled model and back. Dynamo traces at the first call, so the strategy's
 # changes to the forward (recompute, amp autocast) are compiled with it.
 _COMPILE_KEYS = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
-
-
-def check_positive(**values: Any) -> None:
-    """Raise ValueError naming the first argument that is not a positive integer (None is allowed)."""
-    for name, v in values.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name}={v!r} must be a positive integer")
-
-
-class AgreedConfig(dict):
-    """A run config already found identical on every rank (the recipe's preflight compared it before the job
-    started): ``Trainer(config=...)`` keeps it as a plain dict and does not compare it again.
-
-    Example::
-
-        config = AgreedConfig({"seed": 0})   # only when every rank's config was compared already
-    """
-
-
-def plain_config(config: Any) -> Any:
-    """``config`` as plain values (a dict), resolving an OmegaConf DictConfig."""
-    if isinstance(config, AgreedConfig):
-        return dict(config)  # plain: checkpoints are read back with weights_only=True
-    if config is None or isinstance(config, dict):
-        return config
-    if hasattr(config, "_metadata") and hasattr(config, "items"):  # an OmegaConf DictConfig
-        from omegaconf import OmegaConf  # optional (recipes/Hydra): only for a DictConfig
-
-        return OmegaConf.to_container(config, resolve=True)
-    if hasattr(config, "items"):
-        return dict(config.items())
-    raise TypeError(f"config must be a dict (or an OmegaConf DictConfig), got {type(config).__name__}")
 
 
 # Note [one device, one process group]
@@ -157,7 +125,8 @@ class Connector:
     Example::
 
         conn = Connector(strategy=None, device="auto")
-        dp_model, dist_opt = conn.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        wrapped, plain = conn.setup_model(net)
+        dist_opt = conn.setup_optimizer(torch.optim.SGD(plain.parameters(), lr=0.1), wrapped)
     """
 
     def __init__(self, strategy: Any = None, device: str | torch.device | None = "auto", compile: Any = None) -> None:
@@ -209,8 +178,8 @@ class Connector:
         """(wrapped, plain) model on the device; an already wrapped model is kept."""
         self.start()
         warn_cpu_amp(self.strategy, self.device)
-        if isinstance(network, (DataParallel, ShardedDataParallel)):
-            if self.compile is not None and isinstance(network, DataParallel):  # Note [compile in place]
+        if isinstance(network, WrappedModel):
+            if self.compile is not None and not network.is_sharded:  # Note [compile in place]
                 network.module.compile(**self.compile)
             return network, network.module
         network.to(self.device)

@@ -14,8 +14,7 @@ partition is a plain torch optimizer over a subset of the parameters
 format as any other optimizer's (``get_optimizer_state_dict``), with the
 global parameter groups, so each rank writes only its own partition's state
 (no consolidation on rank 0) and the checkpoint loads into any world size
-or stage like a DDP one. Checkpoints of older versions hold stage 1's
-consolidated state in ``trainer.pt``; they still load.
+or stage like a DDP one.
 """
 
 from __future__ import annotations
@@ -30,12 +29,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from .. import checkpoint as dcp_ckpt  # (a module import: fleetlite.checkpoint imports trainer.checkpoint)
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .. import checkpoint as ckpt
+from ..parallel.sharded.rebuild import groups_kept
 
-__all__ = ["keeps_optimizer", "write_dcp", "read_dcp_state", "load_dcp_weights", "TRAINER_FILE"]
-
-TRAINER_FILE = "trainer.pt"
+__all__ = ["write_dcp", "load_dcp_weights"]
 
 
 def _module(trainer):
@@ -97,47 +94,31 @@ def _load_partition(module, zero, optim_state: dict[str, Any]) -> None:
         g.update({k: v for k, v in loaded.items() if k != "params" and k in g})
 
 
-def keeps_optimizer(trainer) -> bool:
-    """Whether ``trainer.pt`` must carry the optimizer: never now (Note [stage 1 in DCP])."""
-    return trainer.optimizer is not None and _optimizer(trainer) is None
-
-
 def write_dcp(trainer, path: str | Path, trainer_state: dict[str, Any] | None, latest: bool = True,
               async_save: bool = False):
     """Write the model/optimizer shards and ``trainer_state`` (as ``trainer.pt``) as a DCP directory (collective).
 
     Returns a :class:`fleetlite.checkpoint.PendingSave`; the shards are staged (copied) before this returns,
     so training may go on while an async save writes them. ``trainer_state`` comes from
-    :func:`fleetlite.trainer.state.save_dcp`, which is what callers use.
+    :meth:`~fleetlite.trainer.checkpoint_connector.CheckpointConnector.save_sharded`, which is what callers use.
     """
-    files = {} if trainer_state is None else {TRAINER_FILE: lambda p: save_checkpoint(trainer_state, p)}
+    files = {} if trainer_state is None else {ckpt.RANK0_FILE: lambda p: ckpt.save_checkpoint(trainer_state, p)}
     meta = {"global_step": trainer.global_step, "epoch": trainer.epoch,
             "stage": trainer.strategy.sharding_stage if trainer.strategy is not None else 0}
-    return dcp_ckpt.save(_app_state(trainer), path, rank0_files=files, meta=meta, async_save=async_save,
+    return ckpt.save(_app_state(trainer), path, rank0_files=files, meta=meta, async_save=async_save,
                          latest=latest)
 
 
-def read_dcp_state(path: Path, require) -> dict[str, Any]:
-    """The Trainer entries (``trainer.pt``) of a validated checkpoint directory."""
-    dcp_ckpt.validate(path)
-    return load_checkpoint(path / TRAINER_FILE, require=require)
-
-
-def load_dcp_weights(trainer, path: Path, state: dict[str, Any]) -> None:
-    """Load the model (and optimizer) shards of ``path`` into the trainer's model and optimizer (collective)."""
+def load_dcp_weights(trainer, path: Path, optimizer: bool = True) -> None:
+    """Load the model (and, with ``optimizer``, the optimizer) shards of ``path`` into the trainer (collective)."""
     app = _app_state(trainer)
-    consolidated = state.get("optimizer")  # a stage-1 run's optimizer, in trainer.pt (index-keyed, torch's format)
-    if consolidated is not None or trainer.optimizer is None:
+    if not optimizer:
         app.pop("optim", None)
-    dcp_ckpt.load(app, path)
+    ckpt.load(app, path)
     module = _module(trainer)
     set_model_state_dict(module, app["model"])
     if "optim" in app and _zero(trainer) is not None:
         _load_partition(module, _zero(trainer), app["optim"])
     elif "optim" in app:
-        set_optimizer_state_dict(module, _optimizer(trainer), app["optim"])
-    elif consolidated is not None and trainer.optimizer is not None:
-        try:
-            trainer.optimizer.load_state_dict(consolidated)
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(path, f"its optimizer state does not fit this optimizer: {e}") from None
+        with groups_kept(_optimizer(trainer)):  # Note [shared parameter groups]
+            set_optimizer_state_dict(module, _optimizer(trainer), app["optim"])

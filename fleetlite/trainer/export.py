@@ -167,7 +167,7 @@ def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dyna
     example = tuple(example_inputs) if example_inputs is not None else (t.example_inputs or None)
     path = _check(format, Path(path), example)
     full = None
-    if hasattr(t.parallel_network, "full_state_dict"):  # sharded (stage 2/3): gather the full weights first
+    if t.parallel_network.is_sharded:  # sharded (stage 2/3): gather the full weights first
         if format != "safetensors":
             raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) model is not supported: export "
                              "format='safetensors', load it into a plain model (fleetlite.trainer.export."

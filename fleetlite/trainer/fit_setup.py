@@ -1,29 +1,40 @@
 """What ``Trainer.fit`` resolves before its loop runs, each thing once: the arguments checked, the data
 adapters, the callbacks, the loop plan (:class:`~fleetlite.trainer.loops.FitPlan`) and, for a resume, the
-checkpoint loaded (:func:`~fleetlite.trainer.state.restore_for_fit`, the one load path). Also the checks of
+checkpoint read and checked (:meth:`~fleetlite.trainer.checkpoint_connector.CheckpointConnector.read`; the loop
+restores it). Also the checks of
 ``compile``'s training objects (metrics, clipping).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from . import state
+from ..checkpoint import LoadedCheckpoint, warn_if_overwriting
+from .arguments import check_positive
 from .callbacks import ModelCheckpoint
 from .callbacks._build import build_callbacks
 from .clipping import resolve_grad_clip
-from .connector import check_positive
-from .data_adapter import build_adapter, describe_sizes, keras_xy
-from .fit_state import ResumePoint
+from .data_adapter import DataAdapter, build_adapter, describe_sizes, keras_xy
 from .keras_fit import apply_keras_options, check_call_order
 from .loops import FitPlan
 from .metrics import Metric
 from .torchmetrics_adapter import TorchMetric, is_torchmetric
-from .weighting import configure_weights
+from .weighting import SampleWeights, configure_weights
 
-__all__ = ["prepare_fit", "as_metrics", "resolve_clipping"]
+__all__ = ["prepare_fit", "FitSetup", "as_metrics", "resolve_clipping"]
+
+
+class FitSetup(NamedTuple):
+    """What ``fit`` resolved before its loop: the data adapters, the callbacks, the plan, the checkpoint to
+    resume from (read, not yet restored) and the sample weighting of the batches."""
+
+    train: DataAdapter
+    evaluation: DataAdapter | None
+    callbacks: Any
+    plan: FitPlan
+    resume: LoadedCheckpoint | None
+    weighting: SampleWeights
 
 
 def as_metrics(metrics: Any) -> list[Metric]:
@@ -70,10 +81,11 @@ def _checkpoint_dir(t, cbs) -> Path | None:
 
 def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int, eval_freq: int, log_freq: int,
                 callbacks: Any, shuffle: bool, drop_last: bool, num_workers: int, accumulate_grad_batches: int,
-                num_iters: int | None, resume: Any, save_dir: str | os.PathLike | None, verbose: int, seed: int, *,
+                num_iters: int | None, resume: Any, verbose: int, seed: int, *,
                 validation_split: float, steps_per_epoch: int | None, validation_steps: int | None,
-                initial_epoch: int, eval_steps: int | None, class_weight: Any, sample_weight: Any):
-    """(train adapter, eval adapter or None, callbacks, :class:`FitPlan`, :class:`ResumePoint` or None) of a fit.
+                initial_epoch: int, eval_steps: int | None, class_weight: Any, sample_weight: Any) -> FitSetup:
+    """What a fit resolves before its loop (:class:`FitSetup`); changes nothing on the Trainer ``t`` but its
+    wrapping (``t.setup``). ``t.save_dir`` is the fit's ``save_dir`` already (callbacks read it).
 
     Raises before any training when an argument, the data or the resume checkpoint does not fit.
     """
@@ -82,8 +94,7 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
         train_data, eval_data = xy, None
     if not t.paddle_hapi:
         check_call_order(train_data, eval_data, batch_size, epochs, "keras")
-    t.terminated_on_nan = None
-    train_data, t.weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
+    train_data, weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
     train_data, eval_data = apply_keras_options(t, train_data, eval_data, batch_size, shuffle, drop_last,
                                                 num_workers, seed, validation_split, steps_per_epoch,
                                                 validation_steps, initial_epoch, eval_steps)
@@ -93,14 +104,14 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
         raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
     t.setup(training=True)
     plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps, _accumulate(t, accumulate_grad_batches))
-    t.save_dir = Path(save_dir) if save_dir is not None else None
     pin = t.device.type == "cuda"
-    train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+    train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                          seed=seed, pin_memory=pin, role="train")
     if train.length() == 0:
         raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
                          "nothing: use a smaller batch_size, drop_last=False, or more data")
-    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, False, False,
-                                                                  num_workers, 0, pin, "eval")
+    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, num_workers=num_workers,
+                                                                  pin_memory=pin, role="eval")
     if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
         raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
     if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
@@ -111,7 +122,6 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
     if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
         resume = "auto"  # BackupAndRestore
     if resume is None:
-        state.warn_if_overwriting(ckpt_dir)
-    path = state.resolve_resume(resume, ckpt_dir)
-    point: ResumePoint | None = state.restore_for_fit(t, path, train) if path is not None else None
-    return train, evaluation, cbs, plan, point
+        warn_if_overwriting(ckpt_dir)
+    loaded: LoadedCheckpoint | None = t.checkpoint_connector.read(resume, ckpt_dir, train)
+    return FitSetup(train, evaluation, cbs, plan, loaded, weighting)

@@ -1,25 +1,24 @@
-"""The progress of a fit in one object (Lightning's loop progress): :class:`FitState`.
+"""The progress of a fit in one object (Lightning's loop progress): :class:`FitProgress`, inside :class:`FitState`.
 
-The loops (:mod:`~fleetlite.trainer.loops`) move it forward, the checkpoint
-code (:mod:`~fleetlite.trainer.state`) saves and loads it, and callbacks read
+The fit loop (:mod:`~fleetlite.trainer.fit_loop`) moves it forward, the checkpoint
+connector (:mod:`~fleetlite.trainer.checkpoint_connector`) saves and loads it, and callbacks read
 it through the Trainer's read-only properties (``trainer.epoch``,
 ``trainer.global_step``, ``trainer.at_step_boundary``...). Its checkpoint
-entries are ``progress`` (:meth:`FitState.state_dict`) and, per rank, the RNG
-states and the epoch's partial sums (:meth:`FitState.rank_state_dict`).
-A resume hands the loop a :class:`ResumePoint` (Note [resume order]).
+entries are ``progress`` (:meth:`FitProgress.state_dict`: its fields, so saving
+and loading cannot drift apart) and, per rank, the RNG states and the epoch's
+partial sums (:meth:`FitState.rank_state_dict`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from .checkpoint import capture_rng_state, restore_rng_state
+from ..checkpoint import capture_rng_state
 
-__all__ = ["FitState", "ResumePoint", "restore_rng"]
+__all__ = ["FitProgress", "FitState"]
 
 
 def _zero() -> torch.Tensor:
@@ -27,47 +26,60 @@ def _zero() -> torch.Tensor:
 
 
 @dataclass
-class ResumePoint:
-    """What a loaded checkpoint gives the epoch loop: where to continue and this rank's RNG states and sums.
-
-    Built by :func:`fleetlite.trainer.state.restore_for_fit` after it loaded the weights, the optimizer, the
-    data position and the progress; the loop restores the rest in Note [resume order]'s order.
-    """
-
-    epoch_finished: bool
-    pass_done: bool  # the saved pass had consumed its last batch (only its epoch end was missing)
-    rng: dict[str, Any] | None  # this rank's RNG states at the saved step
-    epoch_rng: dict[str, Any] | None  # ... and at the start of the saved epoch
-    sums: dict[str, Any]  # this rank's partial sums of the epoch: loss_sum, count, metrics
-    callbacks: dict[str, Any]
-
-
-@dataclass
-class FitState:
-    """Counters, running sums and data position of a fit, with ``state_dict``/``load_state_dict``.
+class FitProgress:
+    """The counters a checkpoint's ``progress`` entry holds: ``state_dict`` is exactly these fields.
 
     Example::
 
-        state = FitState()
-        state.start_epoch(0, metrics=[])
-        state.add_batch(torch.tensor(0.5), 32)
-        state.state_dict()   # {'epoch': 0, 'batch_in_epoch': 0, 'global_step': 0, ...}
+        p = FitProgress(epoch=2, global_step=7)
+        FitProgress().load_state_dict(p.state_dict())   # every field back
     """
 
     epoch: int = 0
     global_step: int = 0  # optimizer steps
     batch_in_epoch: int = 0  # batches of the running epoch done (a resumed epoch counts its earlier ones)
     epoch_finished: bool = False
+    pass_done: bool = False  # every batch of the running pass consumed (its epoch only lacks its end)
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step in the running fit
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's ``progress`` entry: the fields of :class:`FitProgress`, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(FitProgress)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Set every field :meth:`state_dict` wrote (a field it lacks keeps its value)."""
+        for f in fields(FitProgress):
+            if f.name in state:
+                setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))
+
+
+@dataclass
+class FitState(FitProgress):
+    """A fit's :class:`FitProgress` plus what the running fit keeps that no checkpoint holds as such: the step
+    boundary, the position in the running pass, the epoch's running sums (a checkpoint keeps them per rank,
+    :meth:`rank_state_dict`), the training data.
+
+    Example::
+
+        state = FitState()
+        state.start_epoch(0, metrics=[])
+        state.add_batch(torch.tensor(0.5), 32)
+        state.state_dict()   # {'epoch': 0, 'global_step': 0, 'batch_in_epoch': 0, ...}
+    """
+
     at_step_boundary: bool = True  # the running batch ends a gradient-merge window (the optimizer steps)
     pass_index: int = 0  # batches of the running pass done (a resumed epoch's pass starts at 0)
     batch_valid: int = 0  # real (non-padding) samples of the running batch
     fitting: bool = False
-    accumulate: int = 1  # micro-batches per optimizer step in the running fit
     epoch_rng: dict[str, Any] | None = None  # RNG states at the start of the epoch (Note [resume order])
     loss_sum: torch.Tensor = field(default_factory=_zero)  # the epoch's training loss, weighted by batch size
     count: int = 0
     adapter: Any = None  # the training data of the running (or last) fit: its position is checkpointed
-    pending_saves: list[Callable[[], None]] = field(default_factory=list)  # Note [checkpoint timing]
+
+    @property
+    def accumulate(self) -> int:
+        """Micro-batches per optimizer step in the running fit (``accumulate_grad_batches``)."""
+        return self.accumulate_grad_batches
 
     # -- the epoch's running sums --------------------------------------------------------------------------------
     def reset_sums(self, metrics) -> None:
@@ -87,25 +99,20 @@ class FitState:
         return torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64)
 
     # -- epochs ------------------------------------------------------------------------------------------------
-    def start_epoch(self, epoch: int, metrics, resume: ResumePoint | None = None) -> None:
-        """Enter ``epoch``: fresh counters and sums, or a resumed epoch's (RNG: the loop's, Note [resume order])."""
-        self.epoch, self.epoch_finished = epoch, False
+    def start_epoch(self, epoch: int, metrics) -> None:
+        """Enter ``epoch`` afresh: counters and sums at zero, the epoch-start RNG states captured."""
+        self.epoch, self.epoch_finished, self.batch_in_epoch, self.pass_done = epoch, False, 0, False
         self.reset_sums(metrics)
-        if resume is None:
-            self.batch_in_epoch = 0
-            self.epoch_rng = capture_rng_state()
-            return
-        sums = resume.sums
+        self.epoch_rng = capture_rng_state()
+
+    def resume_epoch(self, epoch: int, metrics, sums: dict[str, Any], epoch_rng: dict[str, Any] | None) -> None:
+        """Re-enter an epoch saved midway: its partial sums and epoch-start RNG states (Note [resume order])."""
+        self.epoch, self.epoch_finished, self.pass_done = epoch, False, False
+        self.reset_sums(metrics)
         self.loss_sum, self.count = torch.tensor(sums["loss_sum"], dtype=torch.float64), int(sums["count"])
         for m, s in zip(metrics, sums.get("metrics") or []):
             m.load_state_dict(s)
-        self.epoch_rng = resume.epoch_rng
-
-    @property
-    def pass_done(self) -> bool:
-        """Every batch of the running pass has been consumed (its epoch only lacks its end)."""
-        a = self.adapter
-        return bool(a is not None and self.fitting and a.length() is not None and self.pass_index >= a.length())
+        self.epoch_rng = epoch_rng
 
     def data_position(self) -> dict[str, Any] | None:
         """The training data's position (a sampler cursor), or None when the data cannot say it."""
@@ -113,24 +120,8 @@ class FitState:
         return a.position(self.pass_index) if a is not None and a.resumable else None
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's ``progress`` entry."""
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "epoch_finished": self.epoch_finished,
-                "pass_done": self.pass_done, "global_step": self.global_step,
-                "accumulate_grad_batches": self.accumulate}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
-        self.batch_in_epoch, self.epoch_finished = int(state["batch_in_epoch"]), bool(state["epoch_finished"])
-
     def rank_state_dict(self, metrics) -> dict[str, Any]:
         """This rank's entry of the checkpoint's ``ranks``: RNG states now and at the epoch start, partial sums."""
         return {"rng": capture_rng_state(), "epoch_rng": self.epoch_rng,
                 "train_accum": {"loss_sum": float(self.loss_sum), "count": int(self.count),
                                 "metrics": [m.state_dict() for m in metrics]}}
-
-
-def restore_rng(state: dict[str, Any] | None) -> None:
-    """Restore RNG states captured in a checkpoint (nothing for None)."""
-    if state is not None:
-        restore_rng_state(state)

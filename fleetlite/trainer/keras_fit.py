@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from .connector import check_positive
+from .arguments import check_positive
 from .data_adapter import LimitedAdapter, build_adapter
 
 __all__ = ["apply_keras_options", "check_call_order"]
@@ -61,10 +61,11 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
         train_data, eval_data = _split(train_data, float(validation_split))
     pin = trainer.device.type == "cuda"
     if steps_per_epoch is not None:
-        train = build_adapter(train_data, batch_size, shuffle, drop_last, num_workers, seed, pin, "train")
+        train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                              seed=seed, pin_memory=pin, role="train")
         train_data = LimitedAdapter.wrap(train, steps_per_epoch)
     if validation_steps is not None and eval_data is not None:
-        ev = build_adapter(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
+        ev = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
         eval_data = LimitedAdapter.wrap(ev, validation_steps)
     return train_data, eval_data
 

@@ -1,19 +1,21 @@
 """``fleetlite.Trainer``: Keras-style fit/evaluate/predict over the fleet facade (Paddle's ``paddle.Model``).
 
-The loops are in :mod:`~fleetlite.trainer.loops`, the progress of a fit in
+The loops are in :mod:`~fleetlite.trainer.fit_loop` and :mod:`~fleetlite.trainer.loops`, the progress of a fit in
 :mod:`~fleetlite.trainer.fit_state` (read through this class's read-only
 properties), what ``fit`` resolves before its loop in
 :mod:`~fleetlite.trainer.fit_setup`, data adaptation in
 :mod:`~fleetlite.trainer.data_adapter`, environment and wrapping in
 :mod:`~fleetlite.trainer.connector`, the checkpointed state in
-:mod:`~fleetlite.trainer.state`. This class holds the model, the steps (override
+:mod:`~fleetlite.trainer.state`, saving and restoring it in
+:mod:`~fleetlite.trainer.checkpoint_connector`. This class holds the model, the steps (override
 ``train_step``/``eval_step``/``predict_step`` as in Keras) and the public API.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,21 @@ import torch
 from torch import nn
 
 from ..io.evaluation import trim_batch
-from ..parallel import DataParallel
+from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
-from . import export, loops, state
+from . import export, state
+from .arguments import check_positive
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
+from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
-from .connector import AgreedConfig, Connector, check_positive, plain_config, unwrap_compiled
+from .config import AgreedConfig, plain_config
+from .connector import Connector, unwrap_compiled
 from .data_adapter import build_adapter, keras_evaluate_args, to_device
+from .fit_loop import FitLoop
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState
+from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
 from .summary import summarize
@@ -85,7 +92,7 @@ class Trainer:
             raise TypeError(f"Trainer needs a torch.nn.Module as model, got {type(model).__name__}")
         model, was_compiled = unwrap_compiled(model)  # no _orig_mod. keys (Note [compile in place])
         compile = compile or was_compiled
-        self.network: nn.Module = model.module if isinstance(model, DataParallel) else model
+        self.network: nn.Module = model.module if isinstance(model, WrappedModel) else model
         self._given_model = model
         self.parallel_network: nn.Module | None = None
         self._connector = Connector(strategy, device, compile)
@@ -102,6 +109,7 @@ class Trainer:
         self.example_inputs: tuple[torch.Tensor, ...] | None = None  # two input rows of the first batch, for export
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
+        self.checkpoint_connector = CheckpointConnector(self)  # saves and restores the training state
     # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle); paddle_hapi: callbacks follow Paddle's rules
     merge_avg: bool | None = None
     paddle_hapi = False
@@ -287,18 +295,21 @@ class Trainer:
         ``resume``: ``"latest"`` (newest valid checkpoint in ``save_dir``, falling back with a warning), ``"auto"``
         (same, or a fresh start), a checkpoint file, or a directory; ``None`` starts fresh and warns when ``save_dir``
         already holds an earlier run's checkpoints (they get overwritten), ``False`` starts fresh without a word.
-        Everything is restored, mid-epoch included (see :mod:`fleetlite.trainer.state`). ``num_iters`` caps the
-        total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation: :mod:`~.fit_setup`.)
+        Everything is restored, mid-epoch included (Note [resume order] in :mod:`~.checkpoint_connector`).
+        ``num_iters`` caps the total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation:
+        :mod:`~.fit_setup`.)
         """
-        train, evaluation, cbs, plan, point = prepare_fit(
+        self.terminated_on_nan = None
+        self.save_dir = Path(save_dir) if save_dir is not None else None  # the run's directory (callbacks read it)
+        fit = prepare_fit(
             self, train_data, eval_data, epochs, batch_size, eval_freq, log_freq, callbacks, shuffle, drop_last,
-            num_workers, accumulate_grad_batches, num_iters, resume, save_dir, verbose, seed,
+            num_workers, accumulate_grad_batches, num_iters, resume, verbose, seed,
             validation_split=validation_split, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             initial_epoch=initial_epoch, eval_steps=eval_steps, class_weight=class_weight,
             sample_weight=sample_weight)
-        self._callbacks = cbs
-        loops.run_fit(self, train, evaluation, plan, cbs, point)
-        return cbs.find(History)[0]
+        self.weighting, self._callbacks = fit.weighting, fit.callbacks
+        FitLoop(self, fit.train, fit.evaluation, fit.plan, fit.callbacks).run(fit.resume)
+        return fit.callbacks.find(History)[0]
 
     def evaluate(self, eval_data: Any, batch_size: int = 32, log_freq: int = 10,
                  callbacks: Sequence[Callback] | None = None, num_workers: int = 0, verbose: int = 1) -> dict[str, Any]:
@@ -307,9 +318,9 @@ class Trainer:
         check_positive(batch_size=batch_size, log_freq=log_freq)
         self.setup()
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
-        data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, pin, "eval")
+        data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
         cbs = build_callbacks(self, callbacks, verbose, log_freq, 1, None, batch_size, history=False)
-        return loops.run_evaluate(self, data, cbs)
+        return EvaluationLoop(self).run(data, cbs)
 
     def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
                 callbacks: Sequence[Callback] | None = None, verbose: int = 0,
@@ -326,12 +337,12 @@ class Trainer:
         check_positive(batch_size=batch_size)
         self.setup()
         pin = self.device.type == "cuda"
-        adapter = build_adapter(data, batch_size, False, False, num_workers, 0, pin, "predict")
+        adapter = build_adapter(data, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
         cbs = build_callbacks(self, callbacks, verbose, 10, 1, None, batch_size, history=False)
         writer = None
         if output_dir is not None:
             writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)
-        return loops.run_predict(self, adapter, batch_size, stack_outputs, cbs, writer)
+        return PredictionLoop(self).run(adapter, batch_size, stack_outputs, cbs, writer)
 
     def eval_due(self, epoch: int, eval_freq: int) -> bool:
         """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""
@@ -340,19 +351,27 @@ class Trainer:
     # -- callbacks and checkpoints ------------------------------------------------------------------------------
     def request_save(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current hook has reached every callback (Note [checkpoint timing])."""
-        self.fit_state.pending_saves.append(fn)
+        self.checkpoint_connector.request(fn)
 
     def run_pending_saves(self) -> None:
-        pending = self.fit_state.pending_saves
-        while pending:
-            pending.pop(0)()
+        """Run the requested saves; after a non-finite loss stopped fit they are dropped (the weights are broken)."""
+        self.checkpoint_connector.run_requests()
+
+    @contextlib.contextmanager
+    def metrics_in_use(self, metrics: list[Metric]) -> Iterator[None]:
+        """Fill ``metrics`` instead of the Trainer's inside the block (a mid-epoch evaluation's copies)."""
+        saved, self.metrics = self.metrics, metrics
+        try:
+            yield
+        finally:
+            self.metrics = saved
 
     def save_checkpoint(self, path: str | os.PathLike, latest: bool = False) -> Path:
         """Write the full training state to ``path`` (collective: call it on every rank, at a step boundary)."""
         if not self.at_step_boundary:
             raise RuntimeError("save_checkpoint was called in the middle of a gradient accumulation window; call it "
                                "at a step boundary (trainer.at_step_boundary), e.g. via trainer.request_save")
-        return state.write_state(self, path, latest=latest)
+        return self.checkpoint_connector.save(path, latest=latest)
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the Trainer's device (the first batch's two rows are kept as ``example_inputs``)."""
@@ -374,7 +393,12 @@ class Trainer:
 
         Collective when ``training`` (every rank calls it; rank 0 writes).
         """
-        return state.save_trainer(self, path, training)
+        path = Path(path)
+        path = path.with_suffix(".pt") if path.suffix == "" else path
+        if not training:
+            return self.checkpoint_connector.save_weights(path)
+        self.setup()
+        return self.checkpoint_connector.save(path)
 
     def export(self, path: str | os.PathLike, format: str = "safetensors",
                example_inputs: Sequence[torch.Tensor] | None = None, dynamic_batch: bool = True,
@@ -387,12 +411,13 @@ class Trainer:
         return export.trainer_export(self, path, format, example_inputs, dynamic_batch, config)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
-        """Load weights (and the optimizer state unless ``reset_optimizer``) from a checkpoint or weights file.
+        """Load weights (and the optimizer state unless ``reset_optimizer``) from any checkpoint ``fit`` writes (a
+        file, a sharded checkpoint directory, the ``latest`` pointer, a run's checkpoint directory) or a weights file.
 
         ``skip_mismatch`` skips (with a warning) entries whose name or shape does not match the model instead of
         failing. Training progress is not restored: use ``fit(resume=path)`` for that.
         """
-        state.load_weights(self, path, skip_mismatch, reset_optimizer)
+        self.checkpoint_connector.load(path, skip_mismatch, reset_optimizer)
         return self
 
     def summary(self, print_table: bool = True) -> dict[str, Any]:

@@ -15,9 +15,9 @@ import pytest
 import torch
 from faults_helpers import RECIPE_ARGS, WRAPPER, assert_bit_identical, data, launch_env, tiny_trainer, weights
 
-from fleetlite.trainer import checkpoint
+from fleetlite.checkpoint import CheckpointError, find_newest, load_checkpoint
+from fleetlite.checkpoint import files as checkpoint
 from fleetlite.trainer.callbacks import ModelCheckpoint
-from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,7 +50,7 @@ def test_disk_full_in_the_middle_of_a_save_is_a_clear_error_and_keeps_the_previo
     assert t.global_step == 4  # it stopped at the failed save, not later
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "step-00000002.pt"]  # no temporary left
     assert load_checkpoint(tmp_path / "latest.pt")["progress"]["global_step"] == 2
-    assert find_latest_checkpoint(tmp_path) == tmp_path / "latest.pt"
+    assert find_newest(tmp_path) == tmp_path / "latest.pt"
 
 
 def test_unwritable_checkpoint_directory_fails_before_the_first_step(tmp_path):
@@ -73,7 +73,7 @@ def test_process_killed_halfway_through_a_save_leaves_the_previous_checkpoint_re
     names = sorted(p.name for p in ckpt.iterdir())
     assert names[1:] == ["latest.pt", "step-00000002.pt"]
     assert names[0].startswith(".step-00000004.pt.tmp-")  # the torn file never got the checkpoint's name
-    assert load_checkpoint(find_latest_checkpoint(ckpt))["progress"]["global_step"] == 2
+    assert load_checkpoint(find_newest(ckpt))["progress"]["global_step"] == 2
 
     resumed = tiny_trainer()
     resumed.fit(data(), epochs=2, batch_size=8, verbose=0, resume="latest",

@@ -26,9 +26,9 @@ from faults_helpers import (
     tiny_trainer,
 )
 
+from fleetlite.checkpoint import load_checkpoint
 from fleetlite.testing import run_launch, run_ranks
 from fleetlite.trainer.callbacks import ModelCheckpoint, Preemption
-from fleetlite.trainer.checkpoint import load_checkpoint
 
 
 def test_one_process_stops_at_the_next_step_and_restores_the_handler(tmp_path):

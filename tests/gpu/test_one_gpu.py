@@ -87,7 +87,7 @@ def test_recipe_airbench_one_epoch_on_cuda(tmp_path):
                           f"run_dir={run}"], capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "final validation accuracy" in res.stdout and "nan" not in res.stdout.split("final")[-1]
-    from fleetlite.trainer.checkpoint import load_checkpoint
+    from fleetlite.checkpoint import load_checkpoint
 
     state = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert state["config"]["trainer"]["cudnn_benchmark"] is True  # applied and recorded
@@ -102,7 +102,7 @@ def test_checkpoint_saved_on_gpu_loads_without_one(tmp_path, clean_dist_env):
     y = torch.randint(0, 10, (32,))
     t.fit((x, y), epochs=1, batch_size=8, verbose=0)
     t.save_checkpoint(tmp_path / "ckpt.pt")
-    code = ("import torch; from fleetlite.trainer.checkpoint import load_checkpoint; "
+    code = ("import torch; from fleetlite.checkpoint import load_checkpoint; "
             f"s = load_checkpoint({str(tmp_path / 'ckpt.pt')!r}); print('ok', torch.cuda.is_available())")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))

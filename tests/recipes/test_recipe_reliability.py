@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fleetlite.trainer.checkpoint import load_checkpoint
+from fleetlite.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cifar10.py"

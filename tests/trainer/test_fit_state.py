@@ -29,3 +29,18 @@ def test_trainer_progress_is_read_only_and_lives_in_fit_state():
         pass
     else:
         raise AssertionError("trainer.global_step must be read-only")
+
+
+def test_progress_round_trips_every_field():
+    from dataclasses import fields
+
+    from fleetlite.trainer.fit_state import FitProgress
+
+    values = {"epoch": 3, "global_step": 11, "batch_in_epoch": 2, "epoch_finished": True, "pass_done": True,
+              "accumulate_grad_batches": 4}
+    assert {f.name for f in fields(FitProgress)} == set(values)  # a new field must be added here too
+    saved = FitState(**values).state_dict()
+    assert saved == values  # exactly the fields: nothing else (no running sums, no data) goes in
+    again = FitState()
+    again.load_state_dict(saved)
+    assert {f.name: getattr(again, f.name) for f in fields(FitProgress)} == values

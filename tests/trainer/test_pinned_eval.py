@@ -23,7 +23,7 @@ def test_eval_and_predict_loaders_pin_memory_on_cuda(monkeypatch, clean_dist_env
     seen = []
 
     def build(*args, **kwargs):
-        seen.append((args[6], args[7]))  # (pin_memory, role)
+        seen.append((kwargs["pin_memory"], kwargs["role"]))  # build_adapter takes keywords
         raise _Stop
 
     monkeypatch.setattr(trainer_module, "build_adapter", build)

@@ -8,8 +8,8 @@ from torch.utils.data import DataLoader
 from trainer_helpers import dataset, mlp, params, trainer, xy
 
 import fleetlite
+from fleetlite.checkpoint import CheckpointError
 from fleetlite.io import DistributedBatchSampler
-from fleetlite.trainer.checkpoint import CheckpointError
 
 
 def _hand_loop(n, batch_size, epochs, accumulate=1, lr=0.2):

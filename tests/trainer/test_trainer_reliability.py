@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader
 from trainer_helpers import dataset, mlp, params, trainer, xy
 
 import fleetlite
+from fleetlite.checkpoint import CheckpointError, find_newest, load_checkpoint, save_checkpoint
 from fleetlite.io import TensorLoader
 from fleetlite.trainer.callbacks import ModelCheckpoint
-from fleetlite.trainer.checkpoint import CheckpointError, find_latest_checkpoint, load_checkpoint, save_checkpoint
 
 HERE = Path(__file__).resolve().parent
 
@@ -147,7 +147,7 @@ def test_resume_latest_falls_back_over_an_empty_latest(tmp_path):
         (tmp_path / "latest.pt").write_bytes(b"")  # e.g. a copy that died at 0 bytes
         (tmp_path / "epoch-0001.pt").write_bytes(b"garbage")
         os.utime(tmp_path / "epoch-0001.pt", (1e10, 1e10))  # the newest file, and broken
-        assert find_latest_checkpoint(tmp_path, warn=False) == tmp_path / "epoch-0000.pt"
+        assert find_newest(tmp_path, warn=False) == tmp_path / "epoch-0000.pt"
         r = trainer()
         with pytest.warns(UserWarning, match=r"skipped invalid checkpoint.*latest.pt.*falling back to epoch-0000.pt"):
             h = r.fit(dataset(40), epochs=2, batch_size=8, verbose=0, save_dir=tmp_path, resume=resume)
@@ -161,7 +161,7 @@ def test_resume_latest_falls_back_over_an_empty_latest(tmp_path):
 _FSIZE_SCRIPT = r"""
 import resource, signal, sys, torch
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG instead of killing us
-from fleetlite.trainer.checkpoint import CheckpointError, save_checkpoint
+from fleetlite.checkpoint import CheckpointError, save_checkpoint
 d = sys.argv[1]
 save_checkpoint({"model": {"w": torch.ones(10)}}, d + "/a.pt", latest=True)
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))

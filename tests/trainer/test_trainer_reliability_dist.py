@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer_helpers import IndexedDataset, RecordingTrainer, dataset, xy
 
 import fleetlite
+from fleetlite.checkpoint import CheckpointError, load_checkpoint
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.callbacks import ModelCheckpoint, NonFiniteLossError, TerminateOnNaN
-from fleetlite.trainer.checkpoint import CheckpointError, load_checkpoint
 
 
 def bn_net(seed: int = 0) -> nn.Module:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from trainer_helpers import IndexedDataset, NoisyDataset, RecordingTrainer, dataset, params, trainer
 
+from fleetlite.checkpoint import CheckpointError
 from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as C
-from fleetlite.trainer.checkpoint import CheckpointError
 
 
 class StopAt(C.Callback):

@@ -33,7 +33,7 @@ import torch.distributed as tdist
 import torch.nn as nn
 
 from ...parallel.sharded.optim_state import full_optimizer_state, load_full_optimizer_state
-from ...parallel.sharded.rebuild import constructor_kwargs, rebuild_optimizer, report_steps_to
+from ...parallel.sharded.rebuild import constructor_kwargs, groups_kept, rebuild_optimizer, report_steps_to
 from .amp import AmpHelper
 from .gradient_merge import GradientMerge
 from .meta_optimizers import MetaOptimizers
@@ -297,7 +297,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         amp_state = state.pop(_AMP_KEY, None)
         inner = self.inner_opt
         if self._sharded_model is not None:
-            load_full_optimizer_state(self._sharded_model, inner, self._full_state_from_rank0(state, None))
+            with groups_kept(inner):  # Note [shared parameter groups]
+                load_full_optimizer_state(self._sharded_model, inner, self._full_state_from_rank0(state, None))
             state = None
         elif hasattr(inner, "consolidate_state_dict"):  # every rank needs the full state to re-partition it
             state = self._full_state_from_rank0(state, inner.process_group)
@@ -305,7 +306,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("this optimizer state was saved by a non-zero rank of a sharded run and "
                              "holds no state; load the one rank 0 saved")
         if state is not None:
-            inner.load_state_dict(state)
+            with groups_kept(inner):  # Note [shared parameter groups]
+                inner.load_state_dict(state)
         if amp_state is not None:
             self.amp.load_state_dict(amp_state)
         self.merge.reset()

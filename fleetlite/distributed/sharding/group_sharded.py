@@ -10,7 +10,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ...trainer.checkpoint import save_checkpoint
+from ...checkpoint import save_checkpoint
+from ...parallel import WrappedModel
 from ..fleet import context as fleet_context
 from ..fleet import fleet as fleet_mod
 
@@ -73,7 +74,7 @@ def save_group_sharded_model(model: nn.Module, output: str | os.PathLike, optimi
     output = Path(output)
     if output.suffix:
         raise ValueError(f"save_group_sharded_model(output={str(output)!r}) takes a directory, not a file name")
-    full = model.full_state_dict(rank0_only=True) if hasattr(model, "full_state_dict") else model.state_dict()
+    full = model.full_state_dict(rank0_only=True) if isinstance(model, WrappedModel) else model.state_dict()
     opt_state = optimizer.state_dict() if optimizer is not None else None
     if tdist.is_initialized() and tdist.get_rank() != 0:
         tdist.barrier()

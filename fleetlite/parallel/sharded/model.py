@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..data_parallel import _strip_prefix, sync_off
+from ..wrapped import WrappedModel
 from .gloo_comms import use_gloo_comms
 
 __all__ = ["ShardedDataParallel", "UNIT_SHARE", "is_sharded_model"]
@@ -87,7 +88,7 @@ def is_sharded_model(model: Any) -> bool:
     return isinstance(model, ShardedDataParallel)
 
 
-class ShardedDataParallel(nn.Module):
+class ShardedDataParallel(WrappedModel):
     """A model whose parameters, gradients and optimizer state are sharded across ranks (FSDP2).
 
     Usually built by ``fleet.distributed_model`` with ``strategy.sharding_configs["stage"]`` 2 or 3, or by
@@ -202,7 +203,13 @@ class ShardedDataParallel(nn.Module):
         norm = nn.utils.clip_grad_norm_([p for p in self.parameters() if p.grad is not None], max_norm, norm_type)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+    is_sharded = True  # (WrappedModel)
+
     # ---------------------------------------------------------------- state
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load a full, unprefixed state into this rank's shards (every rank passes it)."""
+        return self.load_state_dict(state_dict, strict=strict)
+
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """The full, unprefixed state (collective); with ``rank0_only`` gathered to CPU on rank 0 only
         (the others get ``{}``), which is what a checkpoint needs."""

@@ -11,19 +11,42 @@ constructor accepts are passed (all of them when it takes ``**kwargs``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["constructor_kwargs", "rebuild_optimizer", "report_steps_to"]
+__all__ = ["constructor_kwargs", "rebuild_optimizer", "report_steps_to", "groups_kept"]
 
 
 def report_steps_to(original: torch.optim.Optimizer, replacement: torch.optim.Optimizer) -> None:
     """Mark ``original`` as stepped whenever ``replacement`` steps, so an LR scheduler built on the original
     (whose parameter groups the replacement shares) does not warn that the optimizer never stepped."""
     replacement.register_step_post_hook(lambda *_: setattr(original, "_opt_called", True))
+
+
+@contextlib.contextmanager
+def groups_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Load state into ``optimizer`` inside this block and its parameter-group dicts stay the same objects.
+
+    # Note [shared parameter groups]
+    Stage 1's ``ZeroRedundancyOptimizer`` and the optimizer rebuilt over stage 2/3's shards hold the very
+    parameter-group dicts of the optimizer the user built, so an LR scheduler built on that optimizer drives
+    the one that trains. ``Optimizer.load_state_dict`` (and DCP's ``set_optimizer_state_dict``, which calls
+    it) installs new group dicts, which would leave the scheduler stepping dicts nothing reads: the learning
+    rate would freeze at its restored value. Every load of such an optimizer runs inside this block, which
+    copies the loaded groups into the original dicts and puts those back.
+    """
+    kept = list(optimizer.param_groups)
+    yield
+    loaded = optimizer.param_groups
+    for i, (old, new) in enumerate(zip(kept, loaded)):
+        if old is not new:
+            old.clear()
+            old.update(new)
+            loaded[i] = old
 
 
 def constructor_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -94,6 +94,9 @@ class Callback:
     def on_predict_batch_begin(self, step, logs=None): ...
     def on_predict_batch_end(self, step, logs=None): ...
 
+    def on_exception(self, error: BaseException) -> None:
+        """``fit`` is ending with ``error`` (raised again after every callback saw it): release what you hold."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -97,6 +97,10 @@ class CallbackList:
         for cb in self.callbacks:
             cb.on_train_end(logs)
 
+    def on_exception(self, error: BaseException) -> None:
+        for cb in self.callbacks:  # e.g. trackers mark their run FAILED
+            cb.on_exception(error)
+
     def on_epoch_begin(self, epoch, logs=None) -> None:
         for cb in self.callbacks:
             cb.on_epoch_begin(epoch, logs)

@@ -18,12 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ... import checkpoint as dcp_ckpt
+from ...checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale
 from ...distributed import collective
 from ...utils.atomic import atomic_write_text
 from ...utils.user_warning import warn_user
-from ..checkpoint import CheckpointError, atomic_alias, probe_writable, remove_stale_temporaries
-from ..state import save_dcp
 from .base import Callback, is_rank_zero
 from .monitor import MonitorMixin, missing_monitor, resolve_mode
 
@@ -111,8 +109,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
         if is_rank_zero():
             try:
                 probe_writable(self.directory)
-                remove_stale_temporaries(self.directory)
-                dcp_ckpt.remove_stale(self.directory)
+                remove_stale(self.directory)
             except CheckpointError as e:
                 error = str(e)
         if collective.is_initialized():
@@ -183,7 +180,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
     def _dcp(self) -> bool:
         if self.sharded is not None:
             return bool(self.sharded)
-        return self.async_save or hasattr(self.trainer.parallel_network, "full_state_dict")
+        return self.async_save or self.trainer.parallel_network.is_sharded
 
     def _request(self, name: str, best: bool, periodic: bool = True) -> None:
         if periodic and name not in self.saved:
@@ -214,7 +211,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
         self._prune(1 if self.async_save and periodic else 0)
         folder = name[:-3] if name.endswith(".pt") else name
         rank0 = is_rank_zero()
-        pending = save_dcp(self.trainer, self.directory / folder, latest=True, async_save=self.async_save)
+        pending = self.trainer.checkpoint_connector.save_sharded(self.directory / folder, latest=True,
+                                                                 async_save=self.async_save)
         self._in_flight = pending if self.async_save else None
         if rank0 and best and folder != "best":
             atomic_write_text(self.directory / "best", folder)

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from sharding_helpers import MLP, batch, max_diff
 
+from fleetlite.checkpoint import load_checkpoint
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.sharding import group_sharded_parallel, save_group_sharded_model
 from fleetlite.testing import run_ranks
-from fleetlite.trainer.checkpoint import load_checkpoint
 
 
 def _levels(rank, world, root):

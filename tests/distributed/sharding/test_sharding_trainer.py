@@ -113,7 +113,7 @@ def test_sharded_checkpoint_loads_offline_and_torn_directories_are_never_resumed
     import shutil
 
     import fleetlite.checkpoint as ckpt
-    from fleetlite.trainer.checkpoint import CheckpointError
+    from fleetlite.checkpoint import CheckpointError
 
     root = tmp_path / "ck"
     finals = run_ranks(_part_weights, args=(str(root),), timeout=150)
@@ -186,7 +186,7 @@ def test_checkpoint_resumes_at_another_stage(tmp_path, first, then):
 
 def test_foreign_model_checkpoint_is_a_clear_error(tmp_path, clean_dist_env):
     import fleetlite.checkpoint as ckpt
-    from fleetlite.trainer.checkpoint import CheckpointError
+    from fleetlite.checkpoint import CheckpointError
 
     with pytest.warns(UserWarning):  # one process: not sharded, but async_save writes a DCP directory
         _fit(str(tmp_path), stop=1, strategy=None, async_save=True)

@@ -10,10 +10,10 @@ import torch
 from trainer_helpers import dataset, trainer
 
 import fleetlite
+from fleetlite.checkpoint import load_checkpoint
 from fleetlite.trainer import callbacks as C
 from fleetlite.trainer.callbacks import paddle as P
 from fleetlite.trainer.callbacks import tensorboard as tensorboard_callback
-from fleetlite.trainer.checkpoint import load_checkpoint
 
 
 class Recorder(C.Callback):

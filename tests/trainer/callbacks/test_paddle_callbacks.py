@@ -152,7 +152,7 @@ def _nan_run(rank=0, world=1, save_dir=None):
 def test_terminate_on_nan_keeps_last_good_checkpoint(tmp_path):
     step, global_step = _nan_run(save_dir=str(tmp_path))
     assert step == 21 and global_step == 21
-    from fleetlite.trainer.checkpoint import load_checkpoint
+    from fleetlite.checkpoint import load_checkpoint
 
     latest = load_checkpoint(tmp_path / "latest.pt")
     assert all(torch.isfinite(v).all() for v in latest["model"].values())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fleetlite.trainer.checkpoint import capture_rng_state, restore_rng_state
+from fleetlite.checkpoint import capture_rng_state, restore_rng_state
 
 
 def _fake_cuda(env, count, calls):

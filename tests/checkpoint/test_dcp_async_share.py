@@ -22,10 +22,10 @@ def _state(rank):
 
 def _share(rank, world, root):
     import fleetlite.checkpoint as ckpt
-    from fleetlite.checkpoint import _plain_tensors
+    from fleetlite.checkpoint.dcp import _ckpt_group, _plain_tensors
 
     state = _state(rank)
-    share = ckpt.own_share(state, ckpt._ckpt_group())
+    share = ckpt.own_share(state, _ckpt_group())
     kept = {p for p, _ in _plain_tensors(share)}
     ckpt.save(state, f"{root}/ck", async_save=True).wait()
     return kept, {p for p, _ in _plain_tensors(state)}
@@ -34,6 +34,7 @@ def _share(rank, world, root):
 @pytest.mark.timeout(120)
 def test_async_save_of_a_replicated_state_stages_each_tensor_on_one_rank(tmp_path, clean_dist_env):
     import fleetlite.checkpoint as ckpt
+    from fleetlite.checkpoint import dcp
 
     (kept0, all0), (kept1, all1) = run_ranks(_share, args=(str(tmp_path),), timeout=100)
     replicated = (all0 & all1) - {("extra", "odd")}
@@ -44,7 +45,7 @@ def test_async_save_of_a_replicated_state_stages_each_tensor_on_one_rank(tmp_pat
     full = _state(1)
     for key in ("model", "optim"):
         weights = ckpt.load_full(tmp_path / "ck", key=key)
-        flat = {".".join(map(str, p[1:])): t for p, t in ckpt._plain_tensors(full) if p[0] == key}
+        flat = {".".join(map(str, p[1:])): t for p, t in dcp._plain_tensors(full) if p[0] == key}
         assert set(weights) == set(flat) and all(torch.equal(weights[k], flat[k]) for k in flat)
     rows = ckpt.load_full(tmp_path / "ck", key="extra")
     assert torch.equal(rows["only1"], torch.arange(4.0)) and torch.equal(rows["rows.0"], torch.full((2,), 7.0))

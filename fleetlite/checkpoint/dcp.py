@@ -15,15 +15,16 @@ results before rank 0 writes ``.metadata``); ``latest`` (a text file
 holding the directory's name) is replaced atomically after the rename. A
 rank killed mid-save leaves only a temporary directory, which lookups never
 pick up and :func:`remove_stale` deletes; ``latest`` keeps pointing at the
-previous complete checkpoint. Every lookup validates what it picks
-(:func:`validate`): marker, metadata, and every shard file the metadata names.
+previous complete checkpoint (Note [latest pointer]). Every lookup
+(:mod:`.lookup`) validates what it picks (:func:`validate`): marker, metadata,
+and every shard file the metadata names.
 
 Example::
 
     import fleetlite.checkpoint as ckpt
     handle = ckpt.save({"model": model_sd}, "runs/a/step-00000100", async_save=True)  # collective
     handle.wait()                                       # collective; commits and points `latest` at it
-    weights = ckpt.load_full(ckpt.find_latest("runs/a"))  # offline, no process group
+    weights = ckpt.load_full("runs/a")                  # the newest; offline, no process group
 """
 
 from __future__ import annotations
@@ -41,16 +42,17 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from .distributed.agreement import from_rank0, side_group
-from .trainer.checkpoint import CheckpointError, find_latest_checkpoint
-from .utils.atomic import atomic_write_text, fsync_dir
+from ..distributed.agreement import from_rank0, side_group
+from ..utils.atomic import atomic_write_text, fsync_dir
+from .files import CheckpointError
+from .pointer import point_latest
 
-__all__ = ["MARKER", "LATEST", "PendingSave", "save", "own_share", "load", "load_full", "validate", "find_latest",
-           "find_newest", "list_checkpoints", "remove_stale", "is_checkpoint_dir"]
+__all__ = ["MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "read_full", "validate",
+           "is_checkpoint_dir"]
 
 MARKER = "fleetlite.json"
-LATEST = "latest"
 FORMAT = "fleetlite.dcp"
+RANK0_FILE = "trainer.pt"  # the entries rank 0 writes beside the shards (a checkpoint file, files.py's format)
 
 
 def _dist() -> bool:
@@ -119,7 +121,7 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any], latest: bool) -> None:
     os.replace(tmp, final)
     fsync_dir(final.parent)
     if latest:
-        atomic_write_text(final.parent / LATEST, final.name)
+        point_latest(final)  # Note [latest pointer]
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -253,60 +255,6 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Committed-looking checkpoint directories in ``root`` (not temporary ones), newest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / MARKER).exists()]
-    return sorted(dirs, key=lambda p: ((p / MARKER).stat().st_mtime_ns, p.name), reverse=True)
-
-
-def find_latest(root: str | os.PathLike, warn: bool = True) -> Path | None:
-    """The directory ``latest`` names when valid, else the newest valid one (warning what was skipped)."""
-    root = Path(root)
-    candidates = []
-    pointer = root / LATEST
-    if pointer.is_file():
-        candidates.append(root / pointer.read_text().strip())
-    candidates += [p for p in list_checkpoints(root) if p not in candidates]
-    problems = []
-    for p in candidates:
-        try:
-            validate(p)
-        except CheckpointError as e:
-            problems.append(f"{p.name}: {e.problem}")
-            continue
-        if problems and warn:
-            warnings.warn(f"fleetlite: skipped invalid sharded checkpoint(s) in {root} ({'; '.join(problems)}); "
-                          f"falling back to {p.name}", stacklevel=2)
-        return p
-    return None
-
-
-def find_newest(root: str | os.PathLike, require: tuple[str, ...] = ()) -> Path | None:
-    """The newest valid checkpoint of either kind in ``root``: a ``.pt`` file or a sharded directory."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    file, folder = find_latest_checkpoint(root, require=require), find_latest(root)
-    if folder is None or file is None:
-        return folder or file
-    return folder if (folder / MARKER).stat().st_mtime_ns > file.stat().st_mtime_ns else file
-
-
-def remove_stale(root: str | os.PathLike) -> list[Path]:
-    """Delete temporary directories of saves that died midway (call when no save is running); returns them."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    stale = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".") and (".tmp-" in p.name
-                                                                                    or ".old-" in p.name)]
-    for p in stale:
-        shutil.rmtree(p, ignore_errors=True)
-    return stale
-
-
 def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
     """Load a validated checkpoint directory into ``state`` in place (collective; reshards to ``state``'s layout)."""
     import torch.distributed.checkpoint as dcp  # loads in ~0.6 s: on use
@@ -337,23 +285,19 @@ def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
                                     f"{unexpected[:10]}, different shapes {reshaped[:10]}")
 
 
-def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
+def read_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
               ) -> dict[str, torch.Tensor]:
     """The full (unsharded) weights of a checkpoint directory, offline (no process group), on the CPU.
 
     With ``model`` they are also loaded into it (``strict``); a checkpoint of another model is a
-    ``CheckpointError`` naming the missing and unexpected keys.
+    ``CheckpointError`` naming the missing and unexpected keys. (``fleetlite.checkpoint.load_full`` also
+    takes a run directory.)
     """
     import torch.distributed.checkpoint as dcp  # loads in ~0.6 s: on use
     from torch.distributed.checkpoint import FileSystemReader  # ~0.6 s: on use
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     path = Path(path)
-    if path.is_dir() and not is_checkpoint_dir(path):
-        found = find_latest(path)
-        if found is None:
-            raise CheckpointError(path, "holds no valid sharded checkpoint")
-        path = found
     validate(path)
     metadata = FileSystemReader(str(path)).read_metadata()
     prefix = key + "."

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from fleetlite.trainer.checkpoint import (
-    LATEST,
+from fleetlite.checkpoint import (
+    LATEST_FILE,
     CheckpointError,
     capture_rng_state,
     check_plain,
-    find_latest_checkpoint,
+    find_newest,
     list_checkpoints,
     load_checkpoint,
     restore_rng_state,
@@ -34,10 +34,10 @@ def test_roundtrip_is_plain_weights_only(tmp_path):
     p = save_checkpoint(_state(), tmp_path / "a.pt", latest=True)
     raw = torch.load(p, weights_only=True)  # the contract: plain torch.load with weights_only works
     assert raw["format"] == "fleetlite.checkpoint" and raw["progress"]["global_step"] == 17
-    s = load_checkpoint(tmp_path / LATEST)
+    s = load_checkpoint(tmp_path / LATEST_FILE)
     assert torch.equal(s["model"]["w"], torch.full((64, 64), 1.0)) and s["config"]["layers"] == [1, 2]
-    assert os.path.samefile(tmp_path / LATEST, p)
-    assert set(os.listdir(tmp_path)) == {"a.pt", LATEST}
+    assert os.path.samefile(tmp_path / LATEST_FILE, p)
+    assert set(os.listdir(tmp_path)) == {"a.pt", LATEST_FILE}
 
 
 def test_non_plain_values_are_refused_before_writing(tmp_path):
@@ -94,7 +94,7 @@ def test_missing_truncated_corrupted_and_foreign_files(tmp_path):
 
 _CRASH = """
 import os, sys, torch
-from fleetlite.trainer import checkpoint as ck
+import fleetlite.checkpoint as ck
 real_fsync = os.fsync
 def crash(fd):  # the bytes are written but not yet renamed into place: die like a SIGKILL would
     os._exit(17)
@@ -113,7 +113,7 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path):
     leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
     assert leftovers, "the crashed writer should have left its temporary file behind"
     assert torch.equal(load_checkpoint(target)["model"]["w"], torch.full((64, 64), 1.0))
-    assert torch.equal(load_checkpoint(tmp_path / LATEST)["model"]["w"], torch.full((64, 64), 1.0))
+    assert torch.equal(load_checkpoint(tmp_path / LATEST_FILE)["model"]["w"], torch.full((64, 64), 1.0))
     assert [p.name for p in list_checkpoints(tmp_path)] == [target.name]  # temporary files are ignored
 
 
@@ -133,19 +133,19 @@ def test_write_failure_reports_and_keeps_previous(tmp_path, monkeypatch):
 
 
 def test_latest_lookup_falls_back_to_newest_valid(tmp_path):
-    assert find_latest_checkpoint(tmp_path) is None
+    assert find_newest(tmp_path) is None
     a = save_checkpoint(_state(1.0), tmp_path / "step-00000001.pt", latest=True)
     b = save_checkpoint(_state(2.0), tmp_path / "step-00000002.pt", latest=True)
     os.utime(a, (1_000_000, 1_000_000))
-    assert find_latest_checkpoint(tmp_path) == tmp_path / LATEST
+    assert find_newest(tmp_path) == tmp_path / LATEST_FILE
     # damage the newest file (latest.pt is a hard link to it): both are skipped with a warning
     b.write_bytes(b.read_bytes()[:100])
     with pytest.warns(UserWarning, match=r"skipped invalid checkpoint.*latest\.pt.*falling back to step-00000001"):
-        found = find_latest_checkpoint(tmp_path)
+        found = find_newest(tmp_path)
     assert found == a
     a.write_bytes(b"garbage")
     with pytest.warns(UserWarning, match="no valid checkpoint"):
-        assert find_latest_checkpoint(tmp_path) is None
+        assert find_newest(tmp_path) is None
 
 
 def test_rng_capture_restore_roundtrip(tmp_path):

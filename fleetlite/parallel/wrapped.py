@@ -1,0 +1,53 @@
+"""What a loop sees of a model ``fleet.distributed_model`` returned: the :class:`WrappedModel` protocol.
+
+:class:`~fleetlite.DataParallel` (both faces: Paddle's and DDP's),
+:class:`~fleetlite.parallel.sharded.ShardedDataParallel` (stages 2/3, HSDP)
+and, later, the hybrid wrappers declare it, so the Trainer asks the model
+instead of testing which class it is or which attributes it happens to have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from .comm import broadcast_coalesced
+
+__all__ = ["WrappedModel"]
+
+
+class WrappedModel(nn.Module):
+    """A model wrapped for distributed training.
+
+    ``module`` is the plain model; ``is_sharded`` says whether its parameters are sharded across ranks
+    (then a forward is collective: every rank must run as many; and the full weights must be gathered,
+    collectively); ``full_state_dict`` / ``load_full_state_dict`` move the full, unprefixed weights;
+    ``agree_buffers`` gives every rank rank 0's buffers.
+    """
+
+    is_sharded: bool = False
+    group: Any = None  # the process group (None: the world)
+
+    @property
+    def module(self) -> nn.Module:  # pragma: no cover - every wrapper defines it
+        raise NotImplementedError
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The full, unprefixed state (collective when sharded; ``rank0_only``: other ranks may get ``{}``)."""
+        return self.module.state_dict()
+
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load a full, unprefixed state (every rank passes it; a sharded model keeps its shards of it)."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def agree_buffers(self) -> None:
+        """Give every rank rank 0's buffers (BatchNorm statistics...), coalesced (collective)."""
+        if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size(self.group) == 1:
+            return
+        buffers = list(self.module.buffers())
+        if buffers:
+            broadcast_coalesced(buffers, self.group)

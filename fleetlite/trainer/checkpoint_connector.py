@@ -1,0 +1,369 @@
+"""Saving and restoring a Trainer's training state: one owner for both (Lightning's checkpoint connector).
+
+:class:`CheckpointConnector` writes the state (:meth:`~CheckpointConnector.save`: a checkpoint file;
+:meth:`~CheckpointConnector.save_sharded`: a DCP directory), reads the one to resume from
+(:meth:`~CheckpointConnector.read`) and puts it back in one ordered method
+(:meth:`~CheckpointConnector.restore`, Note [resume order]). ``Trainer.fit(resume=...)``,
+``Trainer.load``, ``Trainer.save`` and ``ModelCheckpoint`` all go through it, under every
+strategy (data parallel, sharding stages 1-3): the entries are listed in :mod:`.state`, the
+file and directory formats are :mod:`fleetlite.checkpoint`'s.
+
+# Note [saves in flight]
+An asynchronous save (``ModelCheckpoint(async_save=True)``) commits only when
+waited on, collectively. Every way a fit ends settles the one in flight:
+the normal end, ``stop_training``, a preemption signal and TerminateOnNaN's
+stop commit it (:meth:`CheckpointConnector.finish_saves`, after
+``on_train_end``), and so does TerminateOnNaN's ``NonFiniteLossError``
+(raised on every rank at the same step). Any other exception may be one
+rank's alone, where a collective wait could hang: the save is then left
+uncommitted and a warning says so (:meth:`CheckpointConnector.abandon_saves`);
+``latest`` keeps naming the previous checkpoint. The save requests of the step
+that stopped on a non-finite loss never run (``Trainer.run_pending_saves``).
+
+# Note [resume replay]
+A loader without a DistributedBatchSampler has no position to save; it is
+resumed by re-creating the epoch's iterator from the epoch-start RNG states
+and skipping the batches already consumed. This is exact for deterministic
+loaders (``num_workers=0``) at the same world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from ..checkpoint import (
+    CheckpointError,
+    LoadedCheckpoint,
+    PendingSave,
+    load_checkpoint,
+    on_every_rank,
+    read,
+    resolve,
+    restore_rng_state,
+    save_checkpoint,
+)
+from ..distributed import collective
+from ..utils.user_warning import warn_user
+from ..utils.weights import strip_compile_prefix
+from .dcp_state import load_dcp_weights, write_dcp
+from .state import REQUIRED, build_state, check_finite, load_model_state, model_state, optimizer_name
+
+__all__ = ["CheckpointConnector", "Resumed"]
+
+_RESUME_HINT = ("resume with the optimizer it was trained with (recipes: the same optim=...), or start a new run from "
+                "its weights with Trainer.load(path, reset_optimizer=True)")
+
+
+class Resumed(NamedTuple):
+    """Where a restored fit continues: ``epoch``, and for a checkpoint saved mid-epoch that epoch's ``batches``
+    (positioned after the ones already done), else None; ``exhausted``: the saved pass had no batch left (only
+    its epoch's end was missing)."""
+
+    epoch: int
+    batches: Iterator | None
+    exhausted: bool = False
+
+
+class CheckpointConnector:
+    """Save and restore one Trainer's training state (every strategy; collective where the model is sharded).
+
+    Example::
+
+        conn = trainer.checkpoint_connector
+        conn.save("ckpt/step-00000010.pt", latest=True)     # collective; rank 0 writes
+        found = conn.read("latest", "ckpt", train)           # on every rank, checked before any work
+    """
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self._in_flight: PendingSave | None = None  # the asynchronous save not yet committed
+        self._requests: list[Callable[[], None]] = []  # Note [checkpoint timing]
+
+    # -- save ---------------------------------------------------------------------------------------------------
+    def save(self, path: str | Path, latest: bool = False) -> Path:
+        """Write the full training state as a checkpoint file (collective; rank 0 writes, every rank returns the
+        path or raises the same error). With ``latest`` non-finite weights are refused (``latest.pt`` stays)."""
+        path = Path(path)
+        state = build_state(self.trainer)
+        error = None
+        if state is not None:
+            try:
+                if latest:
+                    check_finite(state["model"], path)
+                save_checkpoint(state, path, latest=latest)
+            except CheckpointError as e:
+                error = e.problem
+            except TypeError as e:
+                error = f"TypeError: {e}"
+        if collective.is_initialized():
+            error = collective.all_gather_object(error)[0]
+        if error is not None:
+            raise CheckpointError(path, f"saving failed on rank 0: {error}")
+        return path
+
+    def save_sharded(self, path: str | Path, latest: bool = True, async_save: bool = False) -> PendingSave:
+        """Write the training state as a DCP directory (collective); the model and optimizer shards are staged
+        before this returns, so training may go on while an async save writes them."""
+        if not self.trainer.at_step_boundary:
+            raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
+        state = build_state(self.trainer, weights=False, optimizer=False)  # the shards hold both
+        pending = write_dcp(self.trainer, path, state, latest=latest, async_save=async_save)
+        if async_save:
+            self._in_flight = pending
+        return pending
+
+    def request(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a save) once the current hook has reached every callback (Note [checkpoint timing])."""
+        self._requests.append(fn)
+
+    def run_requests(self) -> None:
+        """Run the requested saves in order; dropped after a non-finite loss stopped fit (Note [saves in flight])."""
+        if self.trainer.terminated_on_nan is not None:
+            self._requests.clear()
+        while self._requests:
+            self._requests.pop(0)()
+
+    def drop_requests(self) -> None:
+        """Forget the requested saves (a fit that ended)."""
+        self._requests.clear()
+
+    def finish_saves(self) -> None:
+        """Wait for the asynchronous save in flight, if any, and commit it (collective; Note [saves in flight])."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            pending.wait()
+
+    def abandon_saves(self, why: BaseException) -> None:
+        """Say that the asynchronous save in flight, if any, is not committed (Note [saves in flight])."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None and not pending.done and collective.get_rank() == 0:
+            warn_user(f"fleetlite: fit ended with {type(why).__name__} while the asynchronous checkpoint "
+                      f"{pending.final} was being written; it was not committed (its temporary directory "
+                      f"{pending.tmp.name} is deleted by the next run) and 'latest' still names the previous "
+                      "checkpoint")
+
+    def save_weights(self, path: str | Path) -> Path:
+        """The weights alone (and the config) as a checkpoint file (collective when sharded; rank 0 writes)."""
+        weights = model_state(self.trainer)
+        if collective.get_rank() == 0:
+            save_checkpoint({"model": weights, "config": self.trainer.config}, path)
+        return Path(path)
+
+    # -- choose and read --------------------------------------------------------------------------------------------
+    def read(self, resume: Any, directory: str | Path | None, train) -> LoadedCheckpoint | None:
+        """The checkpoint ``resume`` names, read on every rank and checked against this run (or None: fresh).
+
+        ``resume``: None/False (fresh), a file, a checkpoint directory, a run's directory (its newest valid
+        checkpoint), ``"latest"`` (the newest valid one in ``directory``, an error when there is none),
+        ``"auto"`` (the same, or a fresh start), or a :class:`LoadedCheckpoint` (already read: kept).
+        """
+        if resume is None or resume is False:
+            return None
+        if not isinstance(resume, LoadedCheckpoint):
+            path = self._choose(resume, directory)
+            if path is None:
+                return None
+            resume = LoadedCheckpoint(path, on_every_rank(lambda: read(path, REQUIRED).state))
+        path, s = Path(resume.path), resume.state
+        world = collective.get_world_size()
+        if s["world_size"] != world and not train.resumable and not s["progress"]["epoch_finished"]:
+            raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
+                                        "training data with a DistributedBatchSampler (a Dataset, such a DataLoader "
+                                        "or a TensorLoader)")
+        return resume
+
+    @staticmethod
+    def _choose(resume: Any, directory: str | Path | None) -> Path | None:
+        """The checkpoint to resume from, chosen on rank 0 (the same on every rank), or None."""
+
+        def choose() -> str | None:
+            if collective.get_rank() != 0:
+                return None
+            try:
+                p = resolve(resume, directory, require=REQUIRED)
+            except ValueError as e:
+                raise CheckpointError(None, str(e)) from None
+            return None if p is None else str(p)
+
+        choice = on_every_rank(choose)
+        if collective.is_initialized():
+            choice = collective.all_gather_object(choice)[0]
+        return None if choice is None else Path(choice)
+
+    # -- restore ------------------------------------------------------------------------------------------------------
+    def restore(self, loaded: LoadedCheckpoint, train, callbacks) -> Resumed:
+        """Put a read checkpoint back into the Trainer, its callbacks and the training data, in this order.
+
+        Called by the fit loop in place of ``callbacks.on_train_begin()``, which it fires at its step (3).
+        Raises ``CheckpointError`` naming the checkpoint when it does not fit the model or the run.
+
+        # Note [resume order]
+        Bit-identical resume needs the same state and the same sequence of random draws as the
+        uninterrupted run. (1) the model; (2) the optimizer and the amp scaler (their loads keep the
+        parameter-group dicts an LR scheduler holds, Note [shared parameter groups]); (3) the loop's
+        progress and the data position, which callbacks read in ``on_train_begin``; (4) the callbacks,
+        LR schedulers included: ``on_train_begin`` (where they reset themselves), then their saved
+        state; (5) the RNG states: creating a DataLoader iterator draws from the global torch RNG, so
+        for an epoch saved midway the epoch-start states are restored first, the iterator is created
+        (and for loaders without a sampler cursor the consumed batches are replayed, Note [resume
+        replay]), and only then are the states of the saved step restored.
+        """
+        t, s, path = self.trainer, loaded.state, Path(loaded.path)
+        self._restore_model(path, s)                                              # (1)
+        self._restore_optimizer_and_scaler(path, s)                               # (2)
+        progress = s["progress"]                                                  # (3)
+        t.fit_state.load_state_dict(progress)
+        try:
+            if s.get("data") is not None:
+                train.load_position(s["data"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run: {e}") from None
+        callbacks.on_train_begin()                                                # (4)
+        callbacks.load_state_dict(s["callbacks"])
+        entry, sums = rank_entry(s, collective.get_rank(), collective.get_world_size())
+        epoch = t.fit_state.epoch
+        if progress["epoch_finished"]:                                            # (5)
+            restore_rng_state(entry["rng"])
+            return Resumed(epoch + 1, None)
+        exhausted = train.resumable and bool(progress.get("pass_done", False))  # only the epoch's end is left
+        if not exhausted:
+            train.set_epoch(epoch)
+        t.fit_state.resume_epoch(epoch, t.metrics, sums, entry["epoch_rng"])
+        restore_rng_state(entry["epoch_rng"])
+        batches = iter(()) if exhausted else iter(train)
+        if not train.resumable:  # Note [resume replay]
+            for _ in range(t.fit_state.batch_in_epoch):
+                next(batches)
+        restore_rng_state(entry["rng"])
+        return Resumed(epoch, batches, exhausted)
+
+    def _restore_model(self, path: Path, s: dict[str, Any]) -> None:
+        if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
+            load_dcp_weights(self.trainer, path)
+            return
+        try:
+            load_model_state(self.trainer, s["model"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(path, f"incompatible with this model: {e}") from None
+
+    def _restore_optimizer_and_scaler(self, path: Path, s: dict[str, Any]) -> None:
+        opt = self.trainer.optimizer
+        check_optimizer(path, s, self.trainer.user_optimizer, _RESUME_HINT)
+        try:
+            if s.get("optimizer") is not None and not path.is_dir():  # (a directory's came with the model)
+                opt.load_state_dict(s["optimizer"])
+            amp = getattr(opt, "amp", None)
+            if s.get("scaler") and amp is not None:
+                amp.load_state_dict(s["scaler"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run: {e}") from None
+
+    # -- Trainer.load -------------------------------------------------------------------------------------------------
+    def load(self, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
+        """``Trainer.load``: the weights (and the optimizer state unless ``reset_optimizer``) of any checkpoint
+        ``fit`` writes (a file, a DCP directory, the ``latest`` pointer, a run's checkpoint directory) or of a
+        plain state_dict file."""
+        t = self.trainer
+        path = resolve(path, check=False)
+        if path.is_dir():
+            self._load_directory(path, skip_mismatch, reset_optimizer)
+            return
+        try:
+            s = load_checkpoint(path)
+            weights = s["model"]
+        except CheckpointError as e:
+            if "not a fleetlite checkpoint" not in e.problem:
+                raise
+            s, weights = {}, torch.load(path, map_location="cpu", weights_only=True)  # a plain state_dict file
+            if not isinstance(weights, dict):
+                raise
+        if not reset_optimizer:  # before anything is loaded
+            check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+        weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
+        own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
+        if skip_mismatch:
+            bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
+            if bad:
+                warn_user(f"fleetlite: load skipped {len(bad)} mismatched entries from {path}: {bad[:10]}")
+            own.update({k: v for k, v in weights.items() if k not in bad})
+            weights = own
+        try:
+            load_model_state(t, weights)
+        except RuntimeError as e:
+            raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
+                                        f"matches): {e}") from None
+        if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
+            t.setup()  # wraps the optimizer too; a loss is not needed to load
+            try:
+                t.optimizer.load_state_dict(s["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
+                                            "reset_optimizer=True to load the weights only") from None
+
+    def _load_directory(self, path: Path, skip_mismatch: bool, reset_optimizer: bool) -> None:
+        """``load`` of a DCP checkpoint directory: its shards, resharded to this run (collective)."""
+        if skip_mismatch:
+            raise ValueError(f"load(skip_mismatch=True) reads checkpoint files; {path} is a sharded checkpoint "
+                             "directory: take its weights with fleetlite.checkpoint.load_full(path), drop the "
+                             "mismatched entries, and pass them to set_weights")
+        t = self.trainer
+        s = on_every_rank(lambda: read(path).state)
+        if not reset_optimizer:
+            check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+        t.setup()
+        load_dcp_weights(t, path, optimizer=not reset_optimizer)
+
+
+def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hint: str) -> None:
+    """Refuse, naming both, a checkpoint whose optimizer state comes from another optimizer class.
+
+    torch would load such a state silently and fail at the first step (``KeyError: 'momentum'``). Checkpoints
+    that do not record the class are checked by their hyperparameter names.
+    """
+    saved_opt = state.get("optimizer")
+    if optimizer is None or not isinstance(saved_opt, dict):
+        return
+    saved = (state.get("meta") or {}).get("optimizer")
+    mine = optimizer_name(optimizer)
+
+    def short(name: Any) -> str:
+        return str(name).rsplit(".", 1)[-1]
+
+    if saved is not None and saved != mine:
+        raise CheckpointError(path, f"its optimizer state comes from {short(saved)} ({saved}) but this run's "
+                                    f"optimizer is {short(mine)} ({mine}); {hint}")
+    groups = saved_opt.get("param_groups") or []
+    own = getattr(optimizer, "inner_opt", optimizer).param_groups
+    if saved is None and groups and own:
+        missing = sorted(set(own[0]) - set(groups[0]) - {"params"})
+        if missing:
+            raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
+                                        f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
+                                        f"class; {hint}")
+
+
+def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(RNG entry, training partial sums) for ``rank``; on another world size all sums go to rank 0."""
+    ranks = state["ranks"]
+    saved_world = int(state["world_size"])
+    if saved_world == world_size:
+        entry = ranks[rank]
+        return entry, entry["train_accum"]
+    if rank == 0:
+        warn_user(f"fleetlite: resuming a {saved_world}-rank checkpoint on {world_size} ranks: every remaining "
+                      "sample of the epoch is still seen once, but random streams (and so results) differ from "
+                      "an uninterrupted run")
+    entry = ranks[rank % saved_world]
+    if rank != 0:
+        return entry, {"loss_sum": 0.0, "count": 0, "metrics": None}
+    total = {"loss_sum": sum(r["train_accum"]["loss_sum"] for r in ranks),
+             "count": sum(r["train_accum"]["count"] for r in ranks), "metrics": None}
+    metric_states = [r["train_accum"]["metrics"] for r in ranks]
+    if metric_states and metric_states[0]:
+        total["metrics"] = [{k: sum(ms[i][k] for ms in metric_states) for k in metric_states[0][i]}
+                            for i in range(len(metric_states[0]))]
+    return entry, total

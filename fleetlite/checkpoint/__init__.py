@@ -22,8 +22,6 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .dcp import MARKER, RANK0_FILE, PendingSave, is_checkpoint_dir, load, own_share, read_full, save, validate
 from .files import CheckpointError, LoadedCheckpoint, check_plain, load_checkpoint, probe_writable, save_checkpoint
 from .lookup import (
@@ -45,12 +43,7 @@ __all__ = [
     "CheckpointError", "LoadedCheckpoint", "save_checkpoint", "load_checkpoint", "check_plain", "probe_writable",
     "MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "load_full", "read_full", "validate",
     "is_checkpoint_dir", "LATEST", "LATEST_FILE", "point_latest", "atomic_alias", "list_checkpoints", "read",
-    "find_newest", "load_newest", "resolve", "find_latest", "remove_stale", "earlier_checkpoints",
+    "find_newest", "load_newest", "resolve", "remove_stale", "earlier_checkpoints",
     "warn_if_overwriting", "on_every_rank", "capture_rng_state", "restore_rng_state",
 ]
 
-
-def find_latest(root, warn: bool = True) -> Path | None:
-    """The newest valid checkpoint *directory* in ``root``: ``find_newest(root, kind="dir")`` (kept for callers
-    written before :func:`find_newest` took both kinds)."""
-    return find_newest(root, kind="dir", warn=warn)

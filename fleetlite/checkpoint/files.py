@@ -173,7 +173,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verif
         raise CheckpointError(path, "no such file; check the path (or resume=None to start fresh)")
     if path.is_dir():
         raise CheckpointError(path, "is a directory; read a checkpoint directory with fleetlite.checkpoint.read(path), "
-                                    "or find the newest checkpoint in it with fleetlite.checkpoint.find_latest(path)")
+                                    "or find the newest checkpoint in it with fleetlite.checkpoint.find_newest(path)")
     if verify and zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as z:

@@ -280,8 +280,8 @@ def run_job(fn: Recipe, job: Job) -> Any:
 def _report(fn: Recipe, cfg: DictConfig) -> Any:
     """``fn(cfg)``, with every failure as one ``error:`` line: exit 2 for a config mistake, else 1."""
     from fleetlite.callbacks import NonFiniteLossError
+    from fleetlite.checkpoint import CheckpointError
     from fleetlite.distributed import CollectiveError
-    from fleetlite.trainer.checkpoint import CheckpointError
 
     from .runlog import log_failure
 

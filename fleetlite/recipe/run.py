@@ -27,10 +27,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from fleetlite.distributed import all_gather_object, get_rank, get_world_size, is_initialized, read_env
+from fleetlite.checkpoint import LoadedCheckpoint, on_every_rank, read
+from fleetlite.distributed import get_rank, get_world_size, read_env
 from fleetlite.distributed.agreement import from_rank0
-from fleetlite.trainer.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
-from fleetlite.trainer.connector import AgreedConfig, init_process_group
+from fleetlite.trainer.config import AgreedConfig
+from fleetlite.trainer.connector import init_process_group
 from fleetlite.trainer.state import REQUIRED
 
 from ..utils import plot as curves
@@ -98,29 +99,13 @@ def start_run(cfg: DictConfig) -> Run:
     return Run(get_rank(), get_world_size(), read_env().local_rank, device, run_dir, resume, config)
 
 
-def read_resume_on_every_rank(path: str | None, loaded: Any = None):
-    """The checkpoint to hand to ``fit(resume=...)``: a file read once on every rank (a ``LoadedCheckpoint``;
-    ``loaded`` is what rank 0 read while choosing it), a sharded checkpoint directory as its path (the Trainer
-    reads it). Every rank fails together, with the first failing rank's message.
-
-    Swap for the checkpoint package's single "read on every rank, fail together" once it has one.
-    """
+def read_resume_on_every_rank(path: str | None, loaded: Any = None) -> LoadedCheckpoint | None:
+    """The checkpoint to hand to ``fit(resume=...)``, file or sharded directory, read once on every rank (rank 0
+    reuses ``loaded``, what it read while choosing it); every rank fails together
+    (:func:`fleetlite.checkpoint.on_every_rank`), with the first failing rank's message."""
     if path is None:
         return None
-    if Path(path).is_dir():
-        return Path(path)
-    error = None
-    if not isinstance(loaded, LoadedCheckpoint):
-        try:
-            loaded = LoadedCheckpoint(Path(path), load_checkpoint(path, require=REQUIRED))
-        except CheckpointError as e:
-            error = str(e)
-    if is_initialized():
-        errors = [e for e in all_gather_object(error) if e is not None]
-        error = errors[0] if errors else None
-    if error is not None:
-        raise CheckpointError(None, error)
-    return loaded
+    return on_every_rank(lambda: loaded if isinstance(loaded, LoadedCheckpoint) else read(path, REQUIRED))
 
 
 def exit_if_preempted(run: Run, trainer) -> None:

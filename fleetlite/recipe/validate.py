@@ -31,9 +31,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from fleetlite.checkpoint import MARKER, find_latest, is_checkpoint_dir
+from fleetlite.checkpoint import CheckpointError, earlier_checkpoints, is_checkpoint_dir, list_checkpoints, load_newest
 from fleetlite.distributed.fleet.strategy import DistributedStrategy
-from fleetlite.trainer.checkpoint import LATEST, CheckpointError, list_checkpoints, load_latest_checkpoint
 from fleetlite.trainer.state import REQUIRED
 
 from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig
@@ -200,7 +199,7 @@ def check_resume(resume: str | None, run_dir: str | os.PathLike) -> None:
     if resume is None or str(resume).strip() == "":
         _refuse_overwrite(ckpt_dir)
     elif str(resume) == "latest":
-        if not ckpt_dir.is_dir() or not (list_checkpoints(ckpt_dir) or find_latest(ckpt_dir)):
+        if not list_checkpoints(ckpt_dir):
             raise ConfigError(f"resume=latest but {ckpt_dir} holds no checkpoint: point run_dir= at the "
                               "directory of the run to continue, or drop resume= to start afresh")
     elif str(resume) != "auto" and not Path(resume).is_file() and not is_checkpoint_dir(Path(resume)):
@@ -212,17 +211,15 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
     """The checkpoint ``resume`` names: None (a fresh start; ``auto`` too when there is none yet), the newest in
     ``run_dir/checkpoints`` (``latest``, ``auto``) or a path. ``latest``/``auto`` validate a file by loading it:
     it comes back as a ``LoadedCheckpoint`` (read once here); a sharded checkpoint directory, or a path given by
-    the user (checked to exist, not read), as a ``Path``.
-
-    Its newest-of-either-kind (:func:`_newest`) and overwrite guard (:func:`_refuse_overwrite`) are the
-    recipe's own: swap them for the checkpoint package's single versions once it has them."""
+    the user (checked to exist, not read), as a ``Path``. The newest valid checkpoint of either kind is
+    :func:`fleetlite.checkpoint.load_newest`'s (a directory comes back with its rank-0 entries read)."""
     check_resume(resume, run_dir)
     if resume is None or str(resume).strip() == "":
         return None
     if str(resume) in ("latest", "auto"):
         ckpt_dir = Path(run_dir) / CHECKPOINT_SUBDIR
         try:  # a .pt file or a sharded (DCP) checkpoint directory
-            found = _newest(ckpt_dir) if ckpt_dir.is_dir() else None
+            found = load_newest(ckpt_dir.absolute(), require=REQUIRED) if ckpt_dir.is_dir() else None
         except CheckpointError as e:
             raise ConfigError(f"resume={resume}: {e}; pass resume=<path of a good checkpoint> instead") from None
         if found is None and str(resume) == "latest":
@@ -230,16 +227,6 @@ def choose_resume_checkpoint(resume: str | None, run_dir: str | os.PathLike):
                               "directory of the run to continue, or drop resume= to start afresh")
         return found  # auto with nothing to continue yet: None, a fresh start (restartable jobs pass resume=auto)
     return Path(resume)
-
-
-def _newest(ckpt_dir: Path):
-    """The newest valid checkpoint of either kind (``fleetlite.checkpoint.find_newest``'s rule), a file loaded;
-    its absolute path (the job's run directory is absolute)."""
-    ckpt_dir = ckpt_dir.absolute()
-    file, folder = load_latest_checkpoint(ckpt_dir, require=REQUIRED), find_latest(ckpt_dir)
-    if folder is None or file is None:
-        return folder or file
-    return folder if (folder / MARKER).stat().st_mtime_ns > file.path.stat().st_mtime_ns else file
 
 
 def _importable(module: str) -> bool:
@@ -252,9 +239,8 @@ def _importable(module: str) -> bool:
 
 def _refuse_overwrite(ckpt_dir: Path) -> None:
     """A fresh run (no ``resume=``) must not overwrite the checkpoints of an earlier run in the same run_dir."""
-    found = [p.name for p in list_checkpoints(ckpt_dir)] + ([LATEST] if (ckpt_dir / LATEST).exists() else [])
-    if found:
-        shown = ", ".join(sorted(found)[:3]) + (" ..." if len(found) > 3 else "")
+    shown = earlier_checkpoints(ckpt_dir)
+    if shown:
         raise ConfigError(f"run_dir={ckpt_dir.parent} already holds the checkpoints of an earlier run ({shown}) "
                           f"and a fresh run would overwrite them: continue it with resume=latest (or resume=auto), "
                           f"or start afresh in another run_dir (or delete {ckpt_dir})")

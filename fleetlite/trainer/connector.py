@@ -29,7 +29,6 @@ from ..distributed.env import read_env
 from ..distributed.fleet.amp import warn_cpu_amp
 from ..distributed.fleet.recompute import is_recomputed
 from ..parallel import WrappedModel
-from .config import AgreedConfig, plain_config  # noqa: F401 - fleetlite.recipe imports them from here
 
 __all__ = ["Connector", "resolve_device", "process_group_backend", "init_process_group", "compile_options",
            "unwrap_compiled"]

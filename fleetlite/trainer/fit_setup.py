@@ -92,8 +92,7 @@ def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int
     xy = keras_xy(train_data, eval_data, "fit")
     if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
         train_data, eval_data = xy, None
-    if not t.paddle_hapi:
-        check_call_order(train_data, eval_data, batch_size, epochs, "keras")
+    check_call_order(train_data, eval_data, batch_size, epochs, "keras")
     train_data, weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
     train_data, eval_data = apply_keras_options(t, train_data, eval_data, batch_size, shuffle, drop_last,
                                                 num_workers, seed, validation_split, steps_per_epoch,

@@ -280,8 +280,8 @@ class Model:
             raise TypeError("'batch_size' must be integer or tuple/list of two integers")
         t = self._trainer
         if eval_data is not None and not isinstance(eval_data, DataAdapter):
-            eval_data = build_adapter(eval_data, eval_bs, False, False, num_workers, 0,
-                                      t.device.type == "cuda", "eval")
+            eval_data = build_adapter(eval_data, batch_size=eval_bs, num_workers=num_workers,
+                                      pin_memory=t.device.type == "cuda", role="eval")
         cbs = paddle_fit_callbacks(callbacks, save_dir, save_freq, log_freq, verbose)
         self._ran = True
         return t.fit(train_data, eval_data, epochs=epochs, batch_size=train_bs, eval_freq=eval_freq,
@@ -296,7 +296,7 @@ class Model:
         """
         check_call_order(None, eval_data, batch_size, 1, "paddle")
         if num_iters is not None:
-            data = build_adapter(eval_data, batch_size, False, False, num_workers, 0, False, "eval")
+            data = build_adapter(eval_data, batch_size=batch_size, num_workers=num_workers, role="eval")
             eval_data = LimitedAdapter.wrap(data, num_iters)
         self._ran = True
         logs = self._trainer.evaluate(eval_data, batch_size=batch_size, log_freq=log_freq,

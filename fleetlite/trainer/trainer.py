@@ -110,9 +110,8 @@ class Trainer:
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
         self.checkpoint_connector = CheckpointConnector(self)  # saves and restores the training state
-    # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle); paddle_hapi: callbacks follow Paddle's rules
+    # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle)
     merge_avg: bool | None = None
-    paddle_hapi = False
 
     def _set_training_objects(self, optimizer, loss, metrics) -> None:
         if loss is not None and not callable(loss):

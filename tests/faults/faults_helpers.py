@@ -163,7 +163,7 @@ def fit_with_agreed_config(rank, world):
     """The recipe hands the Trainer a config its preflight already compared (AgreedConfig): no second
     comparison, so ranks holding different per-rank values in it (as a test can fake) fit without a collective
     over the config, and the checkpointed config is a plain dict."""
-    from fleetlite.trainer.connector import AgreedConfig
+    from fleetlite.trainer.config import AgreedConfig
 
     t = tiny_trainer(config=AgreedConfig({"optim": {"lr": 0.05, "name": "adam"}, "seed": rank}))
     t.fit(data(), epochs=1, batch_size=8, verbose=0)

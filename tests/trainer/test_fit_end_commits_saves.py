@@ -37,7 +37,7 @@ def _fit(tmp_path, *cbs):
 def _committed(root):
     names = os.listdir(root)
     assert not [n for n in names if ".tmp-" in n], names  # nothing left half-written
-    return (root / "latest").read_text().strip(), ckpt.find_latest(root).name
+    return (root / "latest").read_text().strip(), ckpt.find_newest(root, kind="dir").name
 
 
 @pytest.mark.parametrize("raise_error", [False, True])

@@ -13,7 +13,7 @@ boundary, and the ranks add their verdicts with one all-reduce of a
 saw it, and all raise the same :class:`NonFiniteLossError`. Nothing is saved
 after the bad step (the save requests of that step never run: the raise ends
 ``fit`` before the Trainer runs them), and
-:func:`fleetlite.trainer.state.write_state` refuses to point ``latest.pt`` at
+:meth:`fleetlite.trainer.checkpoint_connector.CheckpointConnector.save` refuses to point ``latest.pt`` at
 weights that are not finite in any case. Cost: one device sync and one tiny
 all-reduce every ``check_freq`` optimizer steps.
 """

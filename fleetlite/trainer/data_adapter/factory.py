@@ -17,7 +17,7 @@ from .tensors import TensorAdapter
 __all__ = ["build_adapter"]
 
 
-def build_adapter(data: Any, batch_size: int = 32, shuffle: bool = False, drop_last: bool = False,
+def build_adapter(data: Any, batch_size: int = 32, *, shuffle: bool = False, drop_last: bool = False,
                   num_workers: int = 0, seed: int = 0, pin_memory: bool = False, role: str = "train") -> DataAdapter:
     """The adapter for ``data`` (an adapter is returned as it is).
 

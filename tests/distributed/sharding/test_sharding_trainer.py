@@ -43,7 +43,8 @@ def _same_world(rank, world, root, strategy, async_save):
     _, steps, resumed = _fit(f"{root}/b", resume="latest", strategy=strategy, async_save=async_save)
     import fleetlite.checkpoint as ckpt
 
-    return all(torch.equal(straight[k], resumed[k]) for k in straight), steps, ckpt.find_latest(f"{root}/b").name
+    newest = ckpt.find_newest(f"{root}/b", kind="dir").name
+    return all(torch.equal(straight[k], resumed[k]) for k in straight), steps, newest
 
 
 @pytest.mark.timeout(200)
@@ -74,7 +75,7 @@ def _preempted(rank, world, root):
     t.fit(IndexedDataset(40), epochs=5, batch_size=4, callbacks=cbs, verbose=0)
     import fleetlite.checkpoint as ckpt
 
-    latest = ckpt.find_latest(root)  # right after fit returns: where a job exits 143
+    latest = ckpt.find_newest(root, kind="dir")  # right after fit returns: where a job exits 143
     return t.preempted, t.global_step, latest.name, ckpt.validate(latest)["global_step"]
 
 
@@ -117,7 +118,7 @@ def test_sharded_checkpoint_loads_offline_and_torn_directories_are_never_resumed
 
     root = tmp_path / "ck"
     finals = run_ranks(_part_weights, args=(str(root),), timeout=150)
-    latest = ckpt.find_latest(root)
+    latest = ckpt.find_newest(root, kind="dir")
     assert latest is not None and latest.name == "step-00000004" and (latest / ".metadata").is_file()
     plain = _net()
     offline = ckpt.load_full(root, model=plain)  # no process group: full weights into a plain module
@@ -134,7 +135,7 @@ def test_sharded_checkpoint_loads_offline_and_torn_directories_are_never_resumed
     with pytest.raises(CheckpointError, match=rf"missing shard file\(s\) \['{shard.name}'\]"):
         ckpt.validate(torn)
     with pytest.warns(UserWarning, match="skipped invalid sharded checkpoint"):
-        assert ckpt.find_latest(root) == latest
+        assert ckpt.find_newest(root, kind="dir") == latest
     with pytest.warns(UserWarning):
         seen, steps, _ = _fit(str(root), resume="auto", epochs=1)
     assert steps == 6 and len(seen) == 8  # resumed from step 4: 4 steps x 2 ranks x 4 samples done, 8 left
@@ -193,7 +194,7 @@ def test_foreign_model_checkpoint_is_a_clear_error(tmp_path, clean_dist_env):
     other = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
     with pytest.raises(CheckpointError, match=r"another model: missing \[\], unexpected \['4.bias', '4.weight'\], "
                                               r"different shapes \['2.bias', '2.weight'\]"):
-        ckpt.load({"model": other.state_dict()}, ckpt.find_latest(tmp_path))
+        ckpt.load({"model": other.state_dict()}, ckpt.find_newest(tmp_path, kind="dir"))
 
 
 def _data48_fit(ckpt, stop=None, resume=None, strategy=STAGE3):
@@ -222,7 +223,7 @@ def test_stage3_checkpoint_of_four_ranks_resumes_on_two_ranks_at_stage2_seeing_e
     assert len(before) == 32 and len(set(before)) == 32 and all(steps == 2 for _, steps in first)
     import fleetlite.checkpoint as dcp_ckpt
 
-    meta = dcp_ckpt.validate(dcp_ckpt.find_latest(ckpt))
+    meta = dcp_ckpt.validate(dcp_ckpt.find_newest(ckpt, kind="dir"))
     assert (meta["world_size"], meta["stage"], meta["global_step"]) == (4, 3, 2)
     second = run_ranks(_four_then_two, args=(ckpt, 2), timeout=150)
     rest = [i for seen, _ in second for i in seen[:8]]  # the epoch's remaining 16 samples: 2 steps x 2 ranks x 4

@@ -61,7 +61,7 @@ def test_model_is_composed_not_a_trainer():
     model = fleetlite.Model(MyModel())
     assert not isinstance(model, fleetlite.Trainer) and isinstance(model.trainer, fleetlite.Trainer)
     assert not hasattr(model, "compile") and not hasattr(model, "global_step")  # Paddle's API only
-    # no mode flag: the Model's Trainer sets none (Trainer.paddle_hapi, read nowhere now, is left to remove)
+    # no mode flag: neither the Trainer nor the Model's Trainer carries one
     assert not any("paddle_hapi" in vars(c) for c in type(model.trainer).__mro__ if c is not fleetlite.Trainer)
 
 

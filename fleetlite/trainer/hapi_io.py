@@ -134,6 +134,10 @@ def save_program(trainer, path: str, example_inputs: tuple[torch.Tensor, ...]) -
                       f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
                       "the plain network in one process and call save(path, training=False) there", stacklevel=3)
         return None
+    if not example_inputs:
+        raise RuntimeError(f"Model.save({path!r}, training=False) wrote the weights ({strip_postfix(path)}.pt) but "
+                           f"cannot trace the inference program {program}: the batches seen hold no tensor inputs; "
+                           "pass Model(net, inputs=[InputSpec([None, ...], 'float32', 'x')])")
     trainer.export(program, format="torch.export", example_inputs=example_inputs)
     return program
 

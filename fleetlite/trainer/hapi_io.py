@@ -36,9 +36,15 @@ import torch
 from ..distributed import collective
 from ..utils.atomic import atomic_open
 
-__all__ = ["save_prefix", "load_prefix", "strip_postfix", "safe_load"]
+__all__ = ["save_prefix", "load_prefix", "strip_postfix", "safe_load", "save_program", "spec_inputs",
+           "PROGRAM_SUFFIX"]
 
-_POSTFIXES = (".pdparams", ".pdopt", ".pdmodel")
+#: what ``Model.save(path, training=False)`` writes the inference program to: ``{path}.pt2``, a ``torch.export``
+#: program saved with ``torch.export.save`` (Paddle names its program ``{path}.pdmodel``; ``torch.export.load``
+#: expects ``.pt2`` and warns on another name, so torch's name is kept).
+PROGRAM_SUFFIX = ".pt2"
+
+_POSTFIXES = (".pdparams", ".pdopt", ".pdmodel", ".pt2")
 
 
 def strip_postfix(path: str) -> str:
@@ -102,6 +108,38 @@ def save_prefix(trainer, path: str) -> None:
         error = collective.all_gather_object(error)[0]
         if error is not None:
             raise OSError(f"{error}; check that the directory is writable and has space")
+
+
+def spec_inputs(specs) -> tuple[torch.Tensor, ...]:
+    """Example inputs built from Paddle's ``InputSpec``s: free dimensions (``None``/-1) are 2, values are zeros of
+    the spec's dtype (what ``torch.export`` traces with; the batch dimension stays dynamic)."""
+    out = []
+    for s in specs:
+        shape = [2 if d is None or d == -1 else int(d) for d in getattr(s, "shape", s)]
+        dtype = getattr(torch, str(getattr(s, "dtype", "float32")).replace("torch.", ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"InputSpec {s!r}: dtype {getattr(s, 'dtype', None)!r} is not a torch dtype name")
+        out.append(torch.zeros(shape, dtype=dtype))
+    return tuple(out)
+
+
+def save_program(trainer, path: str, example_inputs: tuple[torch.Tensor, ...]) -> str | None:
+    """Write the inference program ``{path}.pt2``: a ``torch.export`` program of ``trainer.network`` in eval
+    mode, traced with ``example_inputs``, batch dimension dynamic (``Trainer.export``; rank 0 writes). It runs
+    without the model's class: ``torch.export.load(path + ".pt2").module()(x)``. A sharded (stage 2/3) model
+    is not exported (the program of one rank's shards would be wrong): a warning says so and None is returned."""
+    program = strip_postfix(path) + PROGRAM_SUFFIX
+    if hasattr(trainer.parallel_network, "full_state_dict"):
+        warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 wrote the weights "
+                      f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
+                      "the plain network in one process and call save(path, training=False) there", stacklevel=3)
+        return None
+    if not example_inputs:
+        raise RuntimeError(f"Model.save({path!r}, training=False) wrote the weights ({strip_postfix(path)}.pt) but "
+                           f"cannot trace the inference program {program}: the batches seen hold no tensor inputs; "
+                           "pass Model(net, inputs=[InputSpec([None, ...], 'float32', 'x')])")
+    trainer.export(program, format="torch.export", example_inputs=example_inputs)
+    return program
 
 
 def _missing(path: str, prefix: str) -> ValueError:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .hapi_io import load_prefix, save_prefix
@@ -44,6 +45,31 @@ def _n_forward_inputs(network: nn.Module) -> int | None:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             n += 1
     return n
+
+
+# torch's class-index losses: Paddle's CrossEntropyLoss takes labels [N, 1], these want [N] (see compute_loss)
+_CLASS_INDEX_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
+_CLASS_INDEX_FUNCTIONS = (F.cross_entropy, F.nll_loss)
+
+
+def class_index_labels(loss_fn: Any, outputs: Any, labels: Sequence[Any]) -> tuple[Any, ...]:
+    """Paddle's ``[N, 1]`` integer labels as torch's ``[N]`` class indices, for torch's class-index losses.
+
+    Only when ``loss_fn`` is ``nn.CrossEntropyLoss``/``nn.NLLLoss`` (or a subclass) or ``F.cross_entropy``/
+    ``F.nll_loss``, there is one output of shape ``[N, C]`` and one integer label of shape ``[N, 1]``: the
+    trailing 1 is squeezed (and the indices made int64, as torch wants). Anything else is passed unchanged (a
+    user's own loss gets the labels as they come)."""
+    outs = to_list(outputs)
+    if not (isinstance(loss_fn, _CLASS_INDEX_LOSSES) or loss_fn in _CLASS_INDEX_FUNCTIONS):
+        return tuple(labels)
+    if len(outs) != 1 or len(labels) != 1:
+        return tuple(labels)
+    out, y = outs[0], labels[0]
+    if (isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor) and out.dim() == 2 and y.dim() == 2
+            and y.shape == (out.shape[0], 1) and not (y.is_floating_point() or y.is_complex())
+            and y.dtype != torch.bool):
+        return (y.squeeze(1).long(),)
+    return tuple(labels)
 
 
 class HapiTrainer(Trainer):
@@ -79,7 +105,10 @@ class HapiTrainer(Trainer):
         return tuple(data[:n]), tuple(data[n:])
 
     def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
-        """Paddle: ``loss(*outputs, *labels)``; a loss returning several values is summed."""
+        """Paddle: ``loss(*outputs, *labels)``; a loss returning several values is summed. Paddle's ``[N, 1]``
+        integer labels reach torch's ``CrossEntropyLoss``/``NLLLoss`` (``F.cross_entropy``/``F.nll_loss``) as
+        ``[N]`` class indices (:func:`class_index_labels`), as Paddle's loss accepts them."""
+        labels = class_index_labels(self.loss_fn, outputs, labels)
         losses = to_list(self.loss_fn(*to_list(outputs), *labels))
         return losses[0] if len(losses) == 1 else torch.stack([torch.as_tensor(v).sum() for v in losses]).sum()
 

@@ -52,7 +52,9 @@ from .callbacks import Callback, ProgBarLogger, ProgressBar
 from .callbacks.paddle.config import paddle_fit_callbacks
 from .clipping import clip_gradients, resolve_grad_clip
 from .data_adapter import DataAdapter, LimitedAdapter, build_adapter
+from .export import example_inputs_of
 from .hapi_amp import amp_strategy
+from .hapi_io import save_program, spec_inputs
 from .hapi_trainer import HapiTrainer, to_list
 from .keras_fit import check_call_order
 from .metrics import Metric
@@ -195,6 +197,13 @@ class Model:
             out.append(t.to(self._trainer.device))
         return out
 
+    def _batch_inputs(self, values: Any) -> list[torch.Tensor]:
+        """The batch's inputs as tensors; the first batch's two rows are kept for ``save(training=False)``."""
+        inputs = self._batch_tensors(values)
+        if self._trainer.example_inputs is None:
+            self._trainer.example_inputs = example_inputs_of(inputs)
+        return inputs
+
     def _batch_metrics(self, outputs: Any, labels: list[torch.Tensor]) -> list[Any]:
         res = []
         outs = [o.detach() for o in to_list(outputs)]
@@ -210,7 +219,7 @@ class Model:
         """
         t = self._trainer
         t.setup(training=True)
-        inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
+        inputs, labels = self._batch_inputs(inputs), self._batch_tensors(labels)
         self._ran = True
         t.parallel_network.train()
         merge = t.optimizer.merge
@@ -233,7 +242,7 @@ class Model:
         """Loss and metrics on a batch without training (Paddle's layout, as :meth:`train_batch`)."""
         t = self._trainer
         t.setup()
-        inputs, labels = self._batch_tensors(inputs), self._batch_tensors(labels)
+        inputs, labels = self._batch_inputs(inputs), self._batch_tensors(labels)
         self._ran = True
         t.network.eval()
         outputs = t.network(*inputs)
@@ -248,7 +257,7 @@ class Model:
         """The model's outputs for a batch, one numpy array per output."""
         t = self._trainer
         t.setup()
-        inputs = self._batch_tensors(inputs)
+        inputs = self._batch_inputs(inputs)
         self._ran = True
         t.network.eval()
         return [_numpy(o) for o in to_list(t.network(*inputs))]
@@ -328,9 +337,22 @@ class Model:
 
         ``training=True`` writes ``{path}.pdparams`` (weights) and ``{path}.pdopt`` (optimizer state, with the
         amp loss scaler), torch pickles written atomically by rank 0; collective: under a distributed run every
-        rank calls it (as ``fit``'s callbacks do), sharded states are gathered. ``training=False`` writes the
-        weights for inference (``{path}.pt``, as ``fleetlite.Trainer.save(path, training=False)``; ``load``
-        reads it back) and needs the model to have run or ``inputs`` specs (RuntimeError otherwise, as Paddle).
+        rank calls it (as ``fit``'s callbacks do), sharded states are gathered.
+
+        ``training=False`` writes a deployable inference program, as Paddle's ``paddle.jit.save`` does:
+        ``{path}.pt2`` holds a ``torch.export`` program (``torch.export.save``; Paddle names its program
+        ``{path}.pdmodel``, torch's loader expects ``.pt2``) of the network in eval mode, any batch size, that
+        runs without the model's class (``torch.export.load(path + ".pt2").module()(x)`` equals
+        :meth:`predict_batch`); traced from the
+        ``inputs`` specs (free dimensions as 2) or else the first batch the model saw. Next to it
+        ``{path}.pt`` holds the weights (as ``fleetlite.Trainer.save(path, training=False)``), which
+        :meth:`load` reads back. Needs the model to have run or ``inputs`` specs (RuntimeError otherwise, as
+        Paddle). Under sharding stage 2/3 only ``{path}.pt`` is written, with a warning.
+
+        Example::
+
+            model.save("infer/mnist", training=False)       # infer/mnist.pt2 + infer/mnist.pt
+            prog = torch.export.load("infer/mnist.pt2").module()   # no model class needed
         """
         path = os.fspath(path)
         if training:
@@ -342,8 +364,11 @@ class Model:
         if not self._ran and self._inputs is None:
             raise RuntimeError("Model.save(training=False) needs the input shapes: pass Model(net, inputs=[...]) "
                                "or run the model first (fit, evaluate, predict or a *_batch call)")
-        self._trainer.setup()
-        self._trainer.save(path, training=False)  # the Trainer's inference weights file, {path}.pt
+        t = self._trainer
+        t.setup()
+        t.save(path, training=False)  # the Trainer's inference weights file, {path}.pt: Model.load reads it
+        example = spec_inputs(self._inputs) if self._inputs is not None else t.example_inputs
+        save_program(t, path, tuple(example))  # {path}.pt2: the torch.export program
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Paddle's ``Model.load`` of ``{path}.pdparams`` (and ``.pdopt`` unless ``reset_optimizer``).

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ...checkpoint import save_checkpoint
 from ...parallel import WrappedModel
+from ...utils.atomic import atomic_open
 from ..fleet import context as fleet_context
 from ..fleet import fleet as fleet_mod
 
@@ -69,19 +69,29 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
 
 def save_group_sharded_model(model: nn.Module, output: str | os.PathLike, optimizer: Any = None) -> None:
     """Save the full (unsharded) weights to ``output/model.pdmodel`` and, with ``optimizer``, its full state to
-    ``output/model.pdopt`` (Paddle's file names; ``torch.save`` files). Collective: every rank calls it, rank 0
-    writes, atomically."""
+    ``output/model.pdopt``: plain state dicts (``torch.save``), as Paddle's ``paddle.save(model.state_dict())``
+    writes them, so Paddle's reload idiom works: ``net.load_state_dict(torch.load("out/model.pdmodel"))`` and
+    ``opt.load_state_dict(torch.load("out/model.pdopt"))`` (``weights_only=True`` is enough). Collective: every
+    rank calls it (the sharded state is gathered), rank 0 writes, each file atomically (a temporary file renamed
+    into place: an interrupted save leaves the previous file whole)."""
     output = Path(output)
-    if output.suffix:
+    if output.suffix or output.is_file():
         raise ValueError(f"save_group_sharded_model(output={str(output)!r}) takes a directory, not a file name")
     full = model.full_state_dict(rank0_only=True) if isinstance(model, WrappedModel) else model.state_dict()
-    opt_state = optimizer.state_dict() if optimizer is not None else None
-    if tdist.is_initialized() and tdist.get_rank() != 0:
-        tdist.barrier()
-        return
-    output.mkdir(parents=True, exist_ok=True)
-    save_checkpoint({"model": dict(full)}, output / "model.pdmodel")
-    if opt_state is not None:
-        save_checkpoint({"optimizer": opt_state}, output / "model.pdopt")
-    if tdist.is_initialized():
-        tdist.barrier()
+    opt_state = optimizer.state_dict() if optimizer is not None else None  # collective under sharding
+    error = None
+    if not tdist.is_initialized() or tdist.get_rank() == 0:
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            for name, state in (("model.pdmodel", dict(full)), ("model.pdopt", opt_state)):
+                if state is not None:
+                    with atomic_open(output / name, "wb") as f:
+                        torch.save(state, f)
+        except OSError as e:
+            error = f"rank 0 could not write {output}/model.pdmodel/.pdopt: {e}; choose a writable directory"
+    if tdist.is_initialized() and tdist.get_world_size() > 1:  # also the barrier: the files exist on return
+        errors: list[Any] = [None] * tdist.get_world_size()
+        tdist.all_gather_object(errors, error)
+        error = errors[0]
+    if error is not None:
+        raise OSError(error)

@@ -12,14 +12,20 @@ from typing import Any, TextIO
 
 from .base import Callback, is_rank_zero, to_python
 
-__all__ = ["ProgressBar", "ProgBarLogger", "format_logs", "epoch_label"]
+__all__ = ["ProgressBar", "ProgBarLogger", "format_logs", "epoch_label", "display_epoch_label"]
 
 
 def epoch_label(epoch: int, epochs: int | None) -> str:
-    """``"Epoch 3/9"``: epochs are numbered from 0 everywhere (logs, metrics.csv, checkpoint names, plots),
-    so the last of 10 is 9 (Lightning's convention). Paddle's :class:`ProgBarLogger` prints ``"Epoch 4/10"``
-    for the same epoch, as Paddle scripts expect."""
+    """``"Epoch 3/9"``: the 0-based label of the logs (epoch numbers in the History, metrics.csv, checkpoint
+    names and the recipe's run log are 0-based, so the last of 10 is 9). The progress display prints
+    :func:`display_epoch_label` instead."""
     return f"Epoch {epoch}/{epochs - 1 if isinstance(epochs, int) else '?'}"
+
+
+def display_epoch_label(epoch: int, epochs: int | None) -> str:
+    """``"Epoch 4/10"`` for epoch 3 of 10: what the progress lines print, 1-based as Keras and Paddle print it
+    (issue 23); only the printed label, the epoch numbers everywhere else stay 0-based."""
+    return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"
 
 
 def format_logs(logs: dict[str, Any] | None, skip: tuple[str, ...] = ("batch_size",)) -> str:
@@ -48,8 +54,9 @@ class ProgressBar(Callback):
 
     On a terminal (``stream.isatty()``) a rich progress bar is drawn; otherwise
     a plain line is written every ``log_freq`` steps and at each epoch end,
-    e.g. ``Epoch 0/4 step 40/196 - loss: 1.2345 - acc: 0.5000 - 2311.4 samples/s - ETA 0:00:09`` (the first of
-    five epochs: epochs are numbered from 0 everywhere, see :func:`epoch_label`).
+    e.g. ``Epoch 1/5 step 40/196 - loss: 1.2345 - acc: 0.5000 - 2311.4 samples/s - ETA 0:00:09`` (the first of
+    five epochs: the printed label is 1-based as in Keras and Paddle, see :func:`display_epoch_label`; the
+    epoch numbers in the logs and checkpoints stay 0-based).
     ``fit`` adds one (``log_freq`` from ``fit``) unless one is given or ``verbose=0``.
 
     Example::
@@ -71,8 +78,8 @@ class ProgressBar(Callback):
 
     # -- helpers ---------------------------------------------------------------
     def epoch_label(self, epoch: int, epochs: int | None) -> str:
-        """The epoch's label in the progress lines (:func:`epoch_label`); Paddle's class counts from 1."""
-        return epoch_label(epoch, epochs)
+        """The epoch's label in the progress lines (:func:`display_epoch_label`: ``"Epoch 1/10"`` first)."""
+        return display_epoch_label(epoch, epochs)
 
     def _out(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stdout
@@ -178,7 +185,8 @@ class ProgressBar(Callback):
 
 class ProgBarLogger(ProgressBar):
     """Paddle's ``ProgBarLogger(log_freq=1, verbose=2)``: the progress display under Paddle's name and defaults,
-    with Paddle's epoch label (``"Epoch 1/10"`` for the first of ten), whichever face runs it.
+    with Paddle's epoch label (``"Epoch 1/10"`` for the first of ten, as every progress display), whichever face
+    runs it.
 
     Example::
 
@@ -187,6 +195,3 @@ class ProgBarLogger(ProgressBar):
 
     def __init__(self, log_freq: int = 1, verbose: int = 2) -> None:
         super().__init__(log_freq=log_freq, verbose=verbose)
-
-    def epoch_label(self, epoch: int, epochs: int | None) -> str:
-        return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"

@@ -14,9 +14,10 @@ def test_plain_lines_when_not_a_terminal():
                   log_freq=2)
     lines = out.getvalue().splitlines()
     steps = [ln.split(" - ")[0] for ln in lines]
-    # epochs are numbered from 0 everywhere (issue 13 item 20): the first of two is "Epoch 0/1"
-    assert steps == ["Epoch 0/1 step 2/5", "Epoch 0/1 step 4/5", "Epoch 0/1 step 5/5", "Epoch 0/1 done",
-                     "Epoch 1/1 step 2/5", "Epoch 1/1 step 4/5", "Epoch 1/1 step 5/5", "Epoch 1/1 done"]
+    # the printed label is 1-based as Keras and Paddle print it (issue 23, reversing issue 13 item 20): the first
+    # of two is "Epoch 1/2"; the epoch numbers in logs and checkpoints stay 0-based
+    assert steps == ["Epoch 1/2 step 2/5", "Epoch 1/2 step 4/5", "Epoch 1/2 step 5/5", "Epoch 1/2 done",
+                     "Epoch 2/2 step 2/5", "Epoch 2/2 step 4/5", "Epoch 2/2 step 5/5", "Epoch 2/2 done"]
     assert "loss: " in lines[0] and "acc_top1: " in lines[0] and "samples/s" in lines[0] and "ETA 0:" in lines[0]
     assert "val_loss: " in lines[3] and "val_acc_top2: " in lines[3]
     assert "\x1b[" not in out.getvalue()  # no terminal escapes in a log file
@@ -27,7 +28,7 @@ def test_rich_bar_on_a_terminal_and_eval_line():
     t = trainer()
     t.fit(dataset(24), epochs=1, batch_size=8, callbacks=[ProgressBar(stream=out, use_rich=True)])
     text = out.getvalue()
-    assert "Epoch 0/0" in text and "3/3" in text and "\x1b[" in text  # drawn by rich
+    assert "Epoch 1/1" in text and "3/3" in text and "\x1b[" in text  # drawn by rich
     out = io.StringIO()
     res = t.evaluate(dataset(9), callbacks=[ProgressBar(stream=out)])
     assert out.getvalue().strip() == f"Eval - loss: {res['loss']:.4f} - acc_top1: {res['acc_top1']:.4f} - " \

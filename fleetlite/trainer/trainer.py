@@ -33,7 +33,7 @@ from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
 from .config import AgreedConfig, plain_config
 from .connector import Connector, unwrap_compiled
-from .data_adapter import build_adapter, keras_evaluate_args, to_device
+from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to_device
 from .fit_loop import FitLoop
 from .fit_setup import as_metrics, prepare_fit, resolve_clipping
 from .fit_state import FitState
@@ -310,33 +310,58 @@ class Trainer:
         FitLoop(self, fit.train, fit.evaluation, fit.plan, fit.callbacks).run(fit.resume)
         return fit.callbacks.find(History)[0]
 
-    def evaluate(self, eval_data: Any, batch_size: int = 32, log_freq: int = 10,
-                 callbacks: Sequence[Callback] | None = None, num_workers: int = 0, verbose: int = 1) -> dict[str, Any]:
-        """Loss and metrics over ``eval_data``, exact across ranks (each sample counted once)."""
-        eval_data, batch_size = keras_evaluate_args(eval_data, batch_size)  # Keras' evaluate(x, y)
-        check_positive(batch_size=batch_size, log_freq=log_freq)
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, verbose: int = 1,
+                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Callback] | None = None,
+                 return_dict: bool = True, *, log_freq: int = 10, num_workers: int = 0) -> Any:
+        """Loss and metrics over ``x`` (data, or inputs with labels ``y``), exact across ranks (each sample once).
+
+        Keras' positional order: ``evaluate(x, y, batch_size, verbose, sample_weight, steps, callbacks,
+        return_dict)``; ``batch_size`` defaults to 32 and ``steps`` evaluates the first ``steps`` batches of each
+        rank. Unlike Keras, ``return_dict`` defaults to True (the logs dict); ``False`` gives Keras' scalar loss
+        or ``[loss, *metrics]``.
+        """
+        if x is None:
+            raise TypeError("evaluate() needs data: evaluate(x, y), evaluate((x, y)), a Dataset or a DataLoader")
+        eval_data, _ = keras_evaluate_args(x, y) if y is not None else (x, None)
+        if y is not None and eval_data is x:
+            raise TypeError(f"evaluate(x, y): y must be the labels tensor of x, got {type(y).__name__}; pass "
+                            "numbers by keyword (evaluate(data, batch_size=64))")
+        if sample_weight is not None:
+            raise NotImplementedError("evaluate(sample_weight=...) is not supported: the evaluation loss is the "
+                                      "plain mean over samples; weight it in an overridden eval_step")
+        batch_size = 32 if batch_size is None else batch_size
+        check_positive(batch_size=batch_size, log_freq=log_freq, **({} if steps is None else {"steps": steps}))
         self.setup()
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
         data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
+        if steps is not None:
+            data = LimitedAdapter.wrap(data, steps)
         cbs = build_callbacks(self, callbacks, verbose, log_freq, 1, None, batch_size, history=False)
-        return EvaluationLoop(self).run(data, cbs)
+        logs = EvaluationLoop(self).run(data, cbs)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
 
-    def predict(self, data: Any, batch_size: int = 32, stack_outputs: bool = False, num_workers: int = 0,
-                callbacks: Sequence[Callback] | None = None, verbose: int = 0,
+    def predict(self, x: Any, batch_size: int | None = None, verbose: int = 0, steps: int | None = None,
+                callbacks: Sequence[Callback] | None = None, *, stack_outputs: bool = False, num_workers: int = 0,
                 output_dir: str | os.PathLike | None = None) -> Any:
-        """Model outputs for ``data`` in dataset order, gathered across ranks without duplicates.
+        """Model outputs for ``x`` in dataset order, gathered across ranks without duplicates.
 
-        Returns, for a model with one output, a list of batch tensors (one
-        tensor with ``stack_outputs=True``); for several outputs, a list with
-        one such entry per output (Paddle's layout). Outputs whose non-batch dims
-        differ between batches come back batch by batch (Note [predict batches]).
-        ``output_dir``: stream the outputs to disk instead (memory independent of
-        the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
+        Keras' positional order: ``predict(x, batch_size, verbose, steps, callbacks)`` (``batch_size`` defaults
+        to 32; ``steps``: the first ``steps`` batches of each rank). Returns, for a model with one output, a list
+        of batch tensors (one tensor with ``stack_outputs=True``); for several outputs, a list with one such
+        entry per output (Paddle's layout). Outputs whose non-batch dims differ between batches come back batch
+        by batch (Note [predict batches]). ``output_dir``: stream the outputs to disk instead (memory independent
+        of the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
         """
-        check_positive(batch_size=batch_size)
+        batch_size = 32 if batch_size is None else batch_size
+        check_positive(batch_size=batch_size, **({} if steps is None else {"steps": steps}))
         self.setup()
         pin = self.device.type == "cuda"
-        adapter = build_adapter(data, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
+        adapter = build_adapter(x, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
+        if steps is not None:
+            adapter = LimitedAdapter.wrap(adapter, steps)
         cbs = build_callbacks(self, callbacks, verbose, 10, 1, None, batch_size, history=False)
         writer = None
         if output_dir is not None:

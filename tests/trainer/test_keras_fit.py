@@ -5,6 +5,8 @@ import pytest
 import torch
 from trainer_helpers import trainer, xy
 
+import fleetlite
+
 
 class Count(__import__("fleetlite").callbacks.Callback):
     def __init__(self):
@@ -108,3 +110,26 @@ def test_eval_steps_evaluates_inside_epochs_without_disturbing_training():
     assert t.step_evaluations[-1]["val_loss"] == pytest.approx(hist.history["val_loss"][-1])
     for a, b in zip(t.network.parameters(), ref.network.parameters()):
         assert torch.equal(a, b)
+
+
+def test_evaluate_and_predict_take_keras_positional_order():
+    """Issue 23 item 10: Keras' evaluate(x, y, batch_size, verbose, sample_weight, steps, ...) and
+    predict(x, batch_size, verbose, steps, ...): evaluate(x, y, batch_size=128) raised "multiple values for
+    'batch_size'", and evaluate(x, y, 128) silently took 128 as log_freq."""
+    from fleetlite.trainer.metrics import Accuracy
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    t = fleetlite.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(),
+                          metrics=[Accuracy()], device="cpu")
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    ref = t.evaluate((x, y), batch_size=128, verbose=0)
+    assert t.evaluate(x, y, batch_size=128, verbose=0) == ref
+    assert t.evaluate(x, y, 128, 0) == ref
+    first_two = t.evaluate((x[:16], y[:16]), batch_size=8, verbose=0)
+    assert t.evaluate(x, y, 8, 0, None, 2, return_dict=False) == pytest.approx(list(first_two.values()))
+    with pytest.raises(TypeError, match="labels tensor"):
+        t.evaluate((x, y), 128)              # a number where Keras has y: refused, not taken as log_freq
+    with pytest.raises(NotImplementedError, match="sample_weight"):
+        t.evaluate(x, y, sample_weight=torch.ones(40))
+    assert t.predict(x, 8, 0, 2, stack_outputs=True).shape == (16, 3)   # predict(x, batch_size, verbose, steps)

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..utils.atomic import atomic_open
+from ..utils.atomic import atomic_open, why_unwritable
 from .pointer import point_latest
 
 __all__ = ["CheckpointError", "FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "check_plain",
@@ -146,7 +146,8 @@ def probe_writable(directory: str | os.PathLike) -> Path:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as e:
-        raise CheckpointError(directory, f"is not writable ({e.strerror or e}); checkpoints could not be saved. "
+        raise CheckpointError(directory, f"is not writable ({why_unwritable(directory, e)}); checkpoints could not "
+                                         "be saved. "
                                          "Choose a writable save_dir, or free disk space") from e
     return directory
 

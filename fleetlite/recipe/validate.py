@@ -34,6 +34,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from fleetlite.checkpoint import CheckpointError, earlier_checkpoints, is_checkpoint_dir, list_checkpoints, load_newest
 from fleetlite.distributed.fleet.strategy import DistributedStrategy
 from fleetlite.trainer.state import REQUIRED
+from fleetlite.utils.atomic import why_unwritable
 
 from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig
 
@@ -295,8 +296,8 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
             f.write("ok")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"run_dir={run_dir} is not writable ({e.strerror or e}): choose a directory you can "
-                          "write to, e.g. run_dir=outputs/my_run") from None
+        raise ConfigError(f"run_dir={run_dir} is not writable ({why_unwritable(run_dir, e)}): choose a directory "
+                          "you can write to, e.g. run_dir=outputs/my_run") from None
     return path
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..distributed import collective
-from ..utils.atomic import atomic_open, atomic_write_text, fsync_dir, temp_name
+from ..utils.atomic import atomic_open, atomic_write_text, default_permissions, fsync_dir, temp_name
 from ..utils.weights import config_path, load_safetensors, read_config, require
 from .state import model_state
 
@@ -127,6 +127,7 @@ def _save_safetensors(model: nn.Module, path: Path, config: Any, state: dict[str
     tmp = temp_name(path)
     try:
         st.save_file(tensors, str(tmp), metadata=meta)
+        default_permissions(tmp)  # safetensors writes 0600; every other artifact is 0644
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_open", "atomic_write_text", "fsync_dir", "temp_name"]
+__all__ = ["atomic_open", "atomic_write_text", "fsync_dir", "temp_name", "default_permissions", "why_unwritable"]
 
 
 def temp_name(path: str | os.PathLike) -> Path:
@@ -38,6 +38,33 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def default_permissions(path: str | os.PathLike) -> None:
+    """Give ``path`` the mode a plain ``open(path, "w")`` gets (0666 less the umask, usually 0644): writers that
+    create private files (safetensors' temporary file is 0600) would otherwise leave one artifact unlike the rest."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def why_unwritable(path: str | os.PathLike, e: OSError) -> str:
+    """What stops writing to ``path``, for an error message: the OS reason, with the working directory or the
+    missing folder named when the bare reason ("No such file or directory") would not say which."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return ("the working directory no longer exists (it was deleted or unmounted after this process started "
+                "in it); cd into an existing directory or give an absolute path")
+    reason = e.strerror or str(e)
+    if isinstance(e, FileNotFoundError):
+        missing = Path(os.path.join(cwd, path))
+        while not missing.parent.exists() and missing.parent != missing:
+            missing = missing.parent
+        return f"{reason}: {missing} cannot be created"
+    if not Path(path).is_absolute():
+        return f"{reason}; relative to the working directory {cwd}"
+    return reason
 
 
 @contextlib.contextmanager

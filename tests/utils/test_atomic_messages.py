@@ -1,0 +1,28 @@
+"""Issue 23 frictions: artifacts get the usual file mode, and an unwritable place is explained."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from fleetlite.trainer.export import export_model
+
+
+def test_safetensors_export_has_the_mode_of_every_other_artifact(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")  # what open(..., "w") gives under this umask (0644 usually)
+    out = export_model(torch.nn.Linear(2, 2), tmp_path / "net.safetensors", config={"a": 1})
+    assert oct(out.stat().st_mode & 0o777) == oct(plain.stat().st_mode & 0o777)
+    assert oct((tmp_path / "net.json").stat().st_mode & 0o777) == oct(plain.stat().st_mode & 0o777)
+
+
+def test_a_deleted_working_directory_is_named_not_no_such_file(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = ("import os, fleetlite.checkpoint as c\n"
+            f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})\n"
+            "try:\n    c.probe_writable('runs/a')\nexcept c.CheckpointError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert "working directory no longer exists" in out.stdout, out.stdout + out.stderr

@@ -133,3 +133,20 @@ def test_evaluate_and_predict_take_keras_positional_order():
     with pytest.raises(NotImplementedError, match="sample_weight"):
         t.evaluate(x, y, sample_weight=torch.ones(40))
     assert t.predict(x, 8, 0, 2, stack_outputs=True).shape == (16, 3)   # predict(x, batch_size, verbose, steps)
+
+
+def test_save_top_k_writes_directories_in_a_dcp_run(tmp_path):
+    """Issue 23 friction: save_top_k wrote .pt files in a run that checkpoints to DCP directories."""
+    import os
+
+    from fleetlite.checkpoint import is_checkpoint_dir
+    from fleetlite.trainer.callbacks import ModelCheckpoint
+
+    ck = ModelCheckpoint(str(tmp_path), save_freq=None, monitor="val_loss", save_top_k=2, sharded=True)
+    x, y = xy(32)
+    hist = trainer(lr=0.2).fit((x, y), eval_data=xy(16, seed=3), epochs=4, batch_size=8, callbacks=[ck], verbose=0)
+    losses = hist.history["val_loss"]
+    best2 = sorted(range(4), key=lambda e: losses[e])[:2]
+    tops = sorted(f for f in os.listdir(tmp_path) if f.startswith("top-"))
+    assert tops == sorted(f"top-epoch-{e:04d}" for e in best2)
+    assert all(is_checkpoint_dir(tmp_path / f) for f in tops)

@@ -45,7 +45,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
     at most one save in flight, the last one waited for at the end of
     training), or with ``sharded=True``.
 
-    ``save_top_k=k`` (keyword, with ``monitor``) keeps ``top-epoch-NNNN.pt`` for the k best epochs.
+    ``save_top_k=k`` (keyword, with ``monitor``) keeps ``top-epoch-NNNN.pt`` for the k best epochs (``top-epoch-NNNN/``
+    directories when the run checkpoints to DCP directories).
 
     Works under either face. Paddle's ``ModelCheckpoint(save_freq=1, save_dir=None)`` (``Model.save`` files
     ``{save_dir}/{epoch}.pdparams``) is :class:`fleetlite.callbacks.ModelCheckpoint`.
@@ -140,8 +141,10 @@ class ModelCheckpoint(MonitorMixin, Callback):
             self._request(f"epoch-{epoch:04d}.pt" if periodic else "best.pt", best=best, periodic=periodic)
 
     def _keep_top_k(self, epoch: int, value: float) -> None:
-        """Lightning's ``save_top_k``: ``top-epoch-NNNN.pt`` for the k best epochs by ``monitor``/``mode``."""
-        name = f"top-epoch-{epoch:04d}.pt"
+        """Lightning's ``save_top_k``: the k best epochs by ``monitor``/``mode``, as ``top-epoch-NNNN.pt`` files or,
+        in a run that checkpoints to DCP directories, ``top-epoch-NNNN/`` directories."""
+        dcp = self._dcp()
+        name = f"top-epoch-{epoch:04d}" + ("" if dcp else ".pt")
         ranked = sorted(self.top_k + [(value, name)], key=lambda vn: vn[0], reverse=self.mode == "max")
         kept, dropped = ranked[: self.save_top_k], ranked[self.save_top_k:]
         self.top_k = kept
@@ -149,10 +152,17 @@ class ModelCheckpoint(MonitorMixin, Callback):
             path, old = self.directory / name, tuple(self.directory / n for _, n in dropped)
 
             def write():
-                self.trainer.save_checkpoint(path)
+                if dcp:
+                    self._finish()  # at most one save in flight
+                    self.trainer.checkpoint_connector.save_sharded(path, latest=False, async_save=False)
+                else:
+                    self.trainer.save_checkpoint(path)
                 if is_rank_zero():
                     for f in old:
-                        f.unlink(missing_ok=True)
+                        if f.is_dir():
+                            shutil.rmtree(f, ignore_errors=True)
+                        else:
+                            f.unlink(missing_ok=True)
 
             self.trainer.request_save(write)
 

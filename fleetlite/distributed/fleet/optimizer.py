@@ -139,8 +139,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                            and hcg.get_pipe_parallel_world_size() == 1):
             return None
         clip = HybridParallelClipGrad(norm, hcg)
-        self.inner_opt.register_step_pre_hook(
-            lambda opt, args, kwargs: clip([p for g in opt.param_groups for p in g["params"]]))
+
+        def pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            clip([p for g in opt.param_groups for p in g["params"]])
+
+        self.inner_opt.register_step_pre_hook(pre_step)
         return clip
 
     @staticmethod

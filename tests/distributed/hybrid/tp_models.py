@@ -72,6 +72,7 @@ def copy_from(model, ref, hcg):
 
 
 def max_param_diff(model, ref, hcg):
+    model = getattr(model, "_layers", model)
     ref_params = dict(ref.named_parameters())
     return max((p - local_slice(ref_params[n], p, hcg)).abs().max().item() for n, p in model.named_parameters())
 

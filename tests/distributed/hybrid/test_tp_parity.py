@@ -1,0 +1,72 @@
+"""Tensor parallel (mp = 2) and dp × mp (2 × 2) training through the fleet facade equals a single-process
+run of the same model from the same weights: parameters, losses and the clipped global gradient norm."""
+
+import pytest
+import torch
+from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff
+
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet.meta_parallel import TensorParallel
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+STEPS, BATCH, CLIP = 5, 4, 0.3
+
+
+def _train(rank, world, degrees):
+    hcg = init_mp(degrees)
+    torch.manual_seed(0)
+    ref = RefModel()
+    model = TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)  # Paddle's grad_clip, read from the optimizer
+    opt = fleet.distributed_optimizer(opt)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    dp, dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
+    losses, ref_losses, norms, ref_norms = [], [], [], []
+    for ids, labels in data(STEPS, BATCH * dp):
+        part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
+        loss = model(ids[part], labels[part])
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        losses.append(loss.item())
+        norms.append(opt.hybrid_clip.last_norm.item())
+        ref_loss = ref(ids, labels)
+        ref_loss.backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item())
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    full_loss = torch.tensor(losses)
+    if dp > 1:  # the full batch's loss: the mean over the dp replicas' halves
+        torch.distributed.all_reduce(full_loss, group=hcg.get_data_parallel_group())
+        full_loss /= dp
+    loss_diff = (full_loss - torch.tensor(ref_losses)).abs().max().item()
+    return dict(param=max_param_diff(model, ref, hcg), loss=loss_diff,
+                norm=max(abs(a - b) for a, b in zip(norms, ref_norms)), norms=ref_norms,
+                kind=type(model).__name__, is_tp=isinstance(model, TensorParallel),
+                local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
+
+
+@pytest.mark.timeout(200)
+def test_mp2_trains_like_a_single_process():
+    for r in run(2, {"mp_degree": 2}):
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
+        assert max(r["norms"]) > CLIP  # clipping really happened
+        assert r["is_tp"] and r["local"] < r["total"]
+
+
+@pytest.mark.timeout(300)
+def test_dp2_mp2_trains_like_a_single_process_on_four_ranks():
+    for r in run(4, {"dp_degree": 2, "mp_degree": 2}):
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
+
+
+def run(world, degrees):
+    from fleetlite.testing import run_ranks
+
+    out = run_ranks(_train, world_size=world, args=(degrees,), timeout=280)
+    print({k: max(r[k] for r in out) for k in ("param", "loss", "norm")})
+    return out

@@ -7,6 +7,7 @@ from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_dif
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel import TensorParallel
+from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 STEPS, BATCH, CLIP = 5, 4, 0.3
@@ -65,8 +66,22 @@ def test_dp2_mp2_trains_like_a_single_process_on_four_ranks():
 
 
 def run(world, degrees):
-    from fleetlite.testing import run_ranks
-
     out = run_ranks(_train, world_size=world, args=(degrees,), timeout=280)
     print({k: max(r[k] for r in out) for k in ("param", "loss", "norm")})
     return out
+
+
+def _broadcast(rank, world):
+    init_mp({"mp_degree": 2})
+    torch.manual_seed(rank)  # every rank draws different weights
+    model = fleet.distributed_model(TPModel())
+    return {k: v for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
+    a, b = run_ranks(_broadcast, world_size=2, timeout=110)
+    for key in ("down.bias", "norm.weight", "norm.bias"):  # replicated: broadcast from the mp group's first rank
+        assert torch.equal(a[key], b[key]), key
+    for key in ("emb.weight", "up.weight", "down.weight", "head.weight"):  # slices: each rank keeps its own
+        assert not torch.equal(a[key], b[key]), key

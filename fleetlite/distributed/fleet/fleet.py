@@ -249,7 +249,9 @@ def distributed_model(model: nn.Module) -> nn.Module:
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
     hcg = _state.hcg
-    if hcg is not None and hcg.get_model_parallel_world_size() > 1 and hcg.get_pipe_parallel_world_size() == 1:
+    if hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
+        wrapped = _pipeline_parallel(model, strategy, hcg)
+    elif hcg is not None and hcg.get_model_parallel_world_size() > 1:
         wrapped = _tensor_parallel(model, strategy, hcg)
     elif strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
@@ -273,6 +275,16 @@ def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
     return ShardedDataParallel(model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(
         _world_size()), offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         wrap=cfg["wrap"] or None)
+
+
+def _pipeline_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """pp_degree > 1: Paddle's ``PipelineParallel(layers, hcg, strategy=...)`` (meta_parallel/pipeline/)."""
+    try:
+        from .meta_parallel.pipeline import PipelineParallel
+    except ImportError:
+        raise NotImplementedError("pp_degree > 1 needs fleet.meta_parallel.pipeline (PipelineLayer, PipelineParallel), "
+                                  "which this build lacks; set pp_degree = 1") from None
+    return PipelineParallel(model, hcg, strategy=strategy)
 
 
 def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:

@@ -6,6 +6,7 @@ import torch
 from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff
 
 import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import TensorParallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
@@ -85,3 +86,45 @@ def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
         assert torch.equal(a[key], b[key]), key
     for key in ("emb.weight", "up.weight", "down.weight", "head.weight"):  # slices: each rank keeps its own
         assert not torch.equal(a[key], b[key]), key
+
+
+def _amp(rank, world):
+    import warnings
+
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
+    strategy.hybrid_configs = {"mp_degree": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float16 amp on a CPU
+        fleet.init(is_collective=True, strategy=strategy)
+        hcg = fleet.get_hybrid_communicate_group()
+        torch.manual_seed(0)
+        ref, model = RefModel(), TPModel()
+        copy_from(model, ref, hcg)
+        model = fleet.distributed_model(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)
+    opt = fleet.distributed_optimizer(opt)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    norms = []
+    for ids, labels in data(3, BATCH):
+        opt.minimize(model(ids, labels))  # scaled backward, unscale, hybrid clip, step
+        opt.clear_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            ref_loss = ref(ids, labels)
+        scaler.scale(ref_loss.float()).backward()
+        scaler.unscale_(ref_opt)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item()
+        scaler.step(ref_opt)
+        scaler.update()
+        ref_opt.zero_grad()
+        norms.append(abs(opt.hybrid_clip.last_norm.item() - ref_norm) / ref_norm)
+    return max_param_diff(model, ref, hcg), max(norms), opt.amp.scaler.get_scale()
+
+
+@pytest.mark.timeout(120)
+def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
+    for param, norm_rel, scale in run_ranks(_amp, world_size=2, timeout=110):
+        assert param <= 1e-3 and norm_rel <= 1e-3, (param, norm_rel)  # float16 compute on both sides (7e-5)
+        assert scale == 1024.0

@@ -46,3 +46,28 @@ def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
     assert torch.equal(plain.emb.weight, emb) and torch.equal(plain.down.weight, down)
     assert torch.equal(plain.down.bias, full[0]["down.bias"]) and torch.equal(plain.norm.weight, full[1]["norm.weight"])
 
+
+
+def _load_full(rank, world, path):
+    hcg = init_mp({"mp_degree": 2})
+    model = TPModel()
+    state = sharded_state_dict(model)
+    dcp.load(state, checkpoint_id=path)  # mp = 1 -> 2: each rank reads its slice of the full tensors
+    load_sharded_state_dict(model, state)
+    return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
+
+
+@pytest.mark.timeout(200)
+def test_single_process_checkpoint_loads_into_mp2(tmp_path):
+    path = str(tmp_path / "full")
+    torch.manual_seed(5)
+    plain = RefModel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(plain.state_dict(), checkpoint_id=path, no_dist=True)
+    for state, rank in run_ranks(_load_full, world_size=2, args=(path,), timeout=190):
+        assert torch.equal(state["up.weight"], plain.up.weight.chunk(2, dim=0)[rank])
+        assert torch.equal(state["up.bias"], plain.up.bias.chunk(2)[rank])
+        assert torch.equal(state["down.weight"], plain.down.weight.chunk(2, dim=1)[rank])
+        assert torch.equal(state["emb.weight"], plain.emb.weight.chunk(2, dim=0)[rank])
+        assert torch.equal(state["down.bias"], plain.down.bias) and torch.equal(state["norm.weight"], plain.norm.weight)

@@ -137,3 +137,11 @@ def test_single_process_layers_are_plain_layers(clean_dist_env):
                 pass
     finally:
         fleet_impl._reset()
+
+
+def test_paddles_mpu_import_path_names_the_same_objects():
+    from fleetlite.distributed.fleet.layers import mpu
+
+    assert mpu.ColumnParallelLinear is fleet.meta_parallel.ColumnParallelLinear
+    assert mpu.get_rng_state_tracker() is fleet.meta_parallel.get_rng_state_tracker()
+    assert mpu.mp_ops._c_identity is fleet.meta_parallel.mp_ops._c_identity

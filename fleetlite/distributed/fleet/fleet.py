@@ -26,6 +26,7 @@ from ..collective import ParallelEnv
 from ..env import read_env
 from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
+from .base import topology as _topology
 from .context import get_strategy
 from .optimizer import DistributedOptimizer
 from .recompute import apply_recompute, resolve_checkpoints
@@ -34,7 +35,7 @@ from .strategy import DistributedStrategy
 __all__ = [
     "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "user_strategy",
     "is_initialized", "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank",
-    "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server",
+    "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server", "get_hybrid_communicate_group",
 ]
 
 logger = logging.getLogger("fleetlite.fleet")
@@ -126,8 +127,39 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     collective.init_parallel_env()
     _state.strategy, _state.by_trainer = resolved, by_trainer
     _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
+    degrees = resolved.hybrid_degrees(_world_size())
+    if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
+        _state.hcg = None  # a new strategy with other degrees: a new topology
+    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1:
+        _build_hcg(resolved)  # collective: every rank calls init
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
+
+
+def _hcg_degrees(hcg: _topology.HybridCommunicateGroup) -> dict[str, int]:
+    topo = hcg.topology()
+    return {_topology.PADDLE_TO_MESH[n]: topo.get_dim(n) for n in topo.get_hybrid_group_names()}
+
+
+def _build_hcg(strategy: DistributedStrategy) -> _topology.HybridCommunicateGroup:
+    """The topology of ``hybrid_configs`` and its groups, kept for this process (collective)."""
+    _state.hcg = _topology.from_strategy(strategy, _world_size(), ParallelEnv().device.type)
+    return _state.hcg
+
+
+def get_hybrid_communicate_group() -> _topology.HybridCommunicateGroup:
+    """Paddle's ``fleet.get_hybrid_communicate_group()``: the groups of ``hybrid_configs``' axes for this rank.
+
+    Built by :func:`init` when ``mp_degree``/``pp_degree`` > 1; for a data-parallel strategy it is built
+    on the first call (collective there: call it on every rank).
+
+    Example::
+
+        hcg = fleet.get_hybrid_communicate_group()
+        print(hcg.get_data_parallel_rank(), hcg.get_model_parallel_rank(), hcg.get_stage_id())
+    """
+    strategy = _require_init("get_hybrid_communicate_group")
+    return _state.hcg if _state.hcg is not None else _build_hcg(strategy)
 
 
 def is_initialized() -> bool:
@@ -216,7 +248,12 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
-    if strategy.sharding_stage >= 2 and collective.is_initialized():
+    hcg = _state.hcg
+    if hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
+        wrapped = _pipeline_parallel(model, strategy, hcg)
+    elif hcg is not None and hcg.get_model_parallel_world_size() > 1:
+        wrapped = _tensor_parallel(model, strategy, hcg)
+    elif strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
     else:
         wrapped = _data_parallel(model, strategy)
@@ -238,6 +275,29 @@ def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
     return ShardedDataParallel(model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(
         _world_size()), offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         wrap=cfg["wrap"] or None)
+
+
+def _pipeline_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """pp_degree > 1: Paddle's ``PipelineParallel(layers, hcg, strategy=...)`` (meta_parallel/pipeline/)."""
+    try:
+        from .meta_parallel.pipeline import PipelineParallel
+    except ImportError:
+        raise NotImplementedError("pp_degree > 1 needs fleet.meta_parallel.pipeline (PipelineLayer, PipelineParallel), "
+                                  "which this build lacks; set pp_degree = 1") from None
+    return PipelineParallel(model, hcg, strategy=strategy)
+
+
+def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """mp_degree > 1: TensorParallel (replicated parameters agreed over mp, the engine over the dp group)."""
+    from .meta_parallel import TensorParallel
+
+    fused = strategy.fuse_all_reduce_ops
+    return TensorParallel(
+        model, hcg, strategy,
+        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+        find_unused_parameters=strategy.find_unused_parameters,
+        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
 
 
 def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
@@ -350,5 +410,6 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 
 
 def _reset() -> None:
-    """Forget the strategy, models and optimizers (tests)."""
+    """Forget the strategy, models, optimizers and topology (tests)."""
     context.reset()
+    _topology._reset()

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,6 +62,21 @@ def _dist() -> bool:
 
 def _rank() -> int:
     return tdist.get_rank() if _dist() else 0
+
+
+_QUIETED = False
+
+
+@contextlib.contextmanager
+def _dcp_call():
+    """DCP warns on every single-process save and load ("torch.distributed is disabled ... assuming the intent is
+    to save in a single process"): in one process that is exactly fleetlite's intent, so the notice is noise. An
+    async save warns from its writer thread, after this block: the filter (that one message only) stays."""
+    global _QUIETED
+    if not _QUIETED:
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        _QUIETED = True
+    yield
 
 
 def _ckpt_group():
@@ -157,10 +173,12 @@ def save(state: dict[str, Any], path: str | os.PathLike, *, rank0_files: dict[st
     group = _ckpt_group()
     if async_save:
         # Note [stage only this rank's share]
-        future = dcp.async_save(own_share(state, group), checkpoint_id=str(tmp), process_group=group)
+        with _dcp_call():
+            future = dcp.async_save(own_share(state, group), checkpoint_id=str(tmp), process_group=group)
         future = getattr(future, "upload_completion", future)
         return PendingSave(future, tmp, final, full_meta, latest)
-    dcp.save(state, checkpoint_id=str(tmp), process_group=group)
+    with _dcp_call():
+        dcp.save(state, checkpoint_id=str(tmp), process_group=group)
     pending = PendingSave(None, tmp, final, full_meta, latest)
     pending.wait()
     return pending
@@ -263,7 +281,8 @@ def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
     if isinstance(state.get("model"), dict):
         _check_model_keys(path, state["model"])
     try:
-        dcp.load(state, checkpoint_id=str(path), process_group=_ckpt_group())
+        with _dcp_call():
+            dcp.load(state, checkpoint_id=str(path), process_group=_ckpt_group())
     except Exception as e:  # noqa: BLE001 - DCP wraps per-rank errors in CheckpointException
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(path, f"does not fit this model/optimizer: {text}") from None
@@ -307,7 +326,8 @@ def read_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key
         raise CheckpointError(path, f"holds no '{key}' entries")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        with _dcp_call():
+            dcp.load(state, checkpoint_id=str(path), no_dist=True)
     weights = {k[len(prefix):]: v for k, v in state.items()}
     if model is not None:
         own = set(model.state_dict())

@@ -27,6 +27,7 @@ from ..env import read_env
 from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .context import get_strategy
+from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
 from .recompute import apply_recompute, resolve_checkpoints
 from .strategy import DistributedStrategy
@@ -203,6 +204,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if isinstance(model, (DataParallelBase, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
+    if isinstance(model, PipelineLayer):
+        return _pipeline_model(model, strategy)
     if strategy.recompute:  # validate the names before changing anything
         resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
     if strategy.sync_batch_norm:
@@ -227,6 +230,27 @@ def distributed_model(model: nn.Module) -> nn.Module:
         if any(id(p) in params or getattr(wrapped, "replaces", lambda _: False)(p) for p in opt_params):
             opt.attach_model(wrapped)
     return wrapped
+
+
+def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.Module:
+    """A PipelineLayer becomes a PipelineParallel (hybrid_configs pp_degree > 1, matching its stages)."""
+    from .meta_parallel.pipeline.parallel import PipelineParallel  # torch.distributed.pipelining: only when used
+
+    pp = strategy.hybrid_configs["pp_degree"]
+    if pp <= 1:
+        raise ValueError(f"fleet.distributed_model got a PipelineLayer but hybrid_configs['pp_degree'] is {pp} (data "
+                         f"parallel); set strategy.hybrid_configs = {{'pp_degree': {model.get_num_stages()}, ...}}")
+    if pp != model.get_num_stages():
+        raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
+                         f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
+    # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
+    return PipelineParallel(model, hcg=_hybrid_group(), strategy=strategy)
+
+
+def _hybrid_group() -> Any:
+    """The HybridCommunicateGroup of fleet.init, when the topology is wired (else None: Paddle's default layout)."""
+    get = globals().get("get_hybrid_communicate_group")
+    return get() if get is not None else None
 
 
 def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:

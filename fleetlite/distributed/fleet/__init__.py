@@ -25,14 +25,16 @@ to replace it (``fleet.util = MyUtil()``).
 :func:`~.amp.from_strategy`, :class:`~.amp.DistGradScaler`) that the Trainer reuses.
 """
 
-from . import amp, utils
+from . import amp, base, utils
 from .amp import AmpHelper, DistGradScaler
+from .base.topology import CommunicateTopology, HybridCommunicateGroup
 from .fleet import (
     PaddleCloudRoleMaker,
     barrier_worker,
     distributed_model,
     distributed_optimizer,
     distributed_scaler,
+    get_hybrid_communicate_group,
     get_strategy,
     init,
     is_first_worker,
@@ -79,4 +81,8 @@ __all__ = [
     "amp",
     "recompute",
     "utils",
+    "base",
+    "get_hybrid_communicate_group",
+    "CommunicateTopology",
+    "HybridCommunicateGroup",
 ]

@@ -37,6 +37,7 @@ class FleetState:
         self.role_maker: Any = None  # a fleet.PaddleCloudRoleMaker
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # fleet.DistributedOptimizer objects
+        self.hcg: Any = None  # the HybridCommunicateGroup of fleet.init (base/topology.py)
 
 
 #: The one state of this process (never replaced: :func:`reset` clears it in place).

@@ -26,6 +26,7 @@ from ..collective import ParallelEnv
 from ..env import read_env
 from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
+from .base import topology as _topology
 from .context import get_strategy
 from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
@@ -35,7 +36,7 @@ from .strategy import DistributedStrategy
 __all__ = [
     "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "user_strategy",
     "is_initialized", "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank",
-    "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server",
+    "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server", "get_hybrid_communicate_group",
 ]
 
 logger = logging.getLogger("fleetlite.fleet")
@@ -127,8 +128,48 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     collective.init_parallel_env()
     _state.strategy, _state.by_trainer = resolved, by_trainer
     _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
+    degrees = resolved.hybrid_degrees(_world_size())
+    if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
+        _state.hcg = None  # a new strategy with other degrees: a new topology
+    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1:
+        _build_hcg(resolved)  # collective: every rank calls init
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
+
+
+def _hcg_degrees(hcg: _topology.HybridCommunicateGroup) -> dict[str, int]:
+    topo = hcg.topology()
+    return {_topology.PADDLE_TO_MESH[n]: topo.get_dim(n) for n in topo.get_hybrid_group_names()}
+
+
+def _build_hcg(strategy: DistributedStrategy) -> _topology.HybridCommunicateGroup:
+    """The topology of ``hybrid_configs`` (axes in its ``order``; Note [topology order]) and its groups."""
+    degrees = strategy.hybrid_degrees(_world_size())
+    order = list(strategy.hybrid_configs["order"])
+    missing = [a for a in degrees if a not in order]
+    for axis in missing:
+        if degrees[axis] > 1:
+            raise ValueError(f"hybrid_configs['order'] = {order} leaves out {axis!r} whose degree is {degrees[axis]}; "
+                             "list every axis with a degree above 1")
+    order = missing + order  # axes of degree 1 left out of the order: outermost (they change no rank's place)
+    topo = _topology.CommunicateTopology([_topology.AXIS_OF[a] for a in order], [degrees[a] for a in order])
+    _state.hcg = _topology.HybridCommunicateGroup(topo, device_type=ParallelEnv().device.type)
+    return _state.hcg
+
+
+def get_hybrid_communicate_group() -> _topology.HybridCommunicateGroup:
+    """Paddle's ``fleet.get_hybrid_communicate_group()``: the groups of ``hybrid_configs``' axes for this rank.
+
+    Built by :func:`init` when ``mp_degree``/``pp_degree`` > 1; for a data-parallel strategy it is built
+    on the first call (collective there: call it on every rank).
+
+    Example::
+
+        hcg = fleet.get_hybrid_communicate_group()
+        print(hcg.get_data_parallel_rank(), hcg.get_model_parallel_rank(), hcg.get_stage_id())
+    """
+    strategy = _require_init("get_hybrid_communicate_group")
+    return _state.hcg if _state.hcg is not None else _build_hcg(strategy)
 
 
 def is_initialized() -> bool:
@@ -374,5 +415,6 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 
 
 def _reset() -> None:
-    """Forget the strategy, models and optimizers (tests)."""
+    """Forget the strategy, models, optimizers and topology (tests)."""
     context.reset()
+    _topology._reset()

@@ -316,8 +316,33 @@ class DistributedStrategy:
         if self.sharding_enabled:
             self._check_sharding(sd, world_size)
         hsd = hybrid["sharding_degree"]  # Paddle's dp_degree counts the replicas of a hybrid_configs sharding group
-        expected_dp = world_size // hsd if hsd > 1 else world_size
+        model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
+        if model > 1 and (self.sharding_enabled or hsd > 1):
+            raise NotImplementedError(
+                "sharding combined with mp_degree/pp_degree > 1 is not implemented by fleetlite; turn sharding off "
+                "(hybrid_configs' dp_degree replicates instead) or set mp_degree = pp_degree = 1")
+        others = model * max(hsd, 1)
+        if world_size % others:
+            raise ValueError(
+                f"hybrid_configs degrees mp {hybrid['mp_degree']} x pp {hybrid['pp_degree']} x sharding {hsd} x sep "
+                f"{hybrid['sep_degree']} = {others} do not divide the {world_size} ranks: make their product (times "
+                "dp_degree) the world size")
+        expected_dp = world_size // others
         if dp != -1 and dp != expected_dp:
             raise ValueError(
-                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (sharding_degree {hsd}): "
-                f"it must be {expected_dp} or -1 (computed).")
+                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (mp {hybrid['mp_degree']}, pp "
+                f"{hybrid['pp_degree']}, sharding {hsd}, sep {hybrid['sep_degree']}): it must be {expected_dp} or -1 "
+                "(the rest)")
+
+    def hybrid_degrees(self, world_size: int) -> dict[str, int]:
+        """The degree of each hybrid axis (``dp``, ``pp``, ``sharding``, ``sep``, ``mp``), ``dp_degree=-1`` resolved.
+
+        Example::
+
+            DistributedStrategy(hybrid_configs={"mp_degree": 2}).hybrid_degrees(4)["dp"]   # 2
+        """
+        h = self._values["hybrid_configs"]
+        out = {"pp": h["pp_degree"], "sharding": h["sharding_degree"], "sep": h["sep_degree"], "mp": h["mp_degree"]}
+        rest = out["pp"] * out["sharding"] * out["sep"] * out["mp"]
+        out["dp"] = h["dp_degree"] if h["dp_degree"] != -1 else max(world_size // rest, 1)
+        return out

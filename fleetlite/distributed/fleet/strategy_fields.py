@@ -325,12 +325,11 @@ class Refusal(NamedTuple):
 # value differs from Paddle's default -- for a ``<flag>_configs`` key only while its flag is on (Paddle ignores the
 # configs of a feature that is off); hybrid_configs keys always. Never a silent no-op.
 REFUSED: dict[str, Refusal] = {
-    # LATER: hybrid parallelism is being built (issue 24); enable it here when it lands. (lamb, lars, localsgd,
-    # adaptive_localsgd and dgc are applied by fleet.distributed_optimizer: fleet/meta_optimizers/.)
-    "pipeline": Refusal("pipeline parallelism", True),
-    "tensor_parallel": Refusal("tensor (model) parallelism", True),
-    "hybrid_configs.mp_degree": Refusal("model (tensor) parallelism; set it to 1", True),
-    "hybrid_configs.pp_degree": Refusal("pipeline parallelism; set it to 1", True),
+    # hybrid_configs' mp_degree and pp_degree run (fleet/base/topology.py, fleet/meta_parallel/). (lamb, lars,
+    # localsgd, adaptive_localsgd and dgc are applied by fleet.distributed_optimizer: fleet/meta_optimizers/.)
+    "pipeline": Refusal("static-graph pipeline parallelism; use hybrid_configs' pp_degree with a PipelineLayer", True),
+    "tensor_parallel": Refusal("static-graph tensor parallelism; use hybrid_configs' mp_degree with "
+                               "fleet.meta_parallel layers", True),
     "hybrid_configs.sep_degree": Refusal("sequence parallelism; set it to 1", True),
     # not planned:
     "amp_configs.use_pure_fp16": Refusal("Paddle's O2: parameters kept in half precision with fp32 master weights; "

@@ -135,8 +135,8 @@ def test_copy_and_pickle():
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"hybrid_configs": {"mp_degree": 2}}, "mp_degree"),
-    ({"hybrid_configs": {"pp_degree": 2}}, "pp_degree"),
+    ({"hybrid_configs": {"sep_degree": 2}}, "sep_degree"),  # mp/pp degrees run since issue 25
+    ({"tensor_parallel": True}, "tensor_parallel"),
     ({"sharding": True, "sharding_configs": {"stage": 1, "offload": True}}, "offload"),
     ({"amp": True, "amp_configs": {"use_pure_fp16": True}}, "use_pure_fp16"),
     ({"sharding": True, "sharding_configs": {"stage": 1, "sharding_degree": 1}}, "hybrid"),

@@ -1,0 +1,348 @@
+"""Paddle's hybrid-parallel topology: ``CommunicateTopology`` (pure rank arithmetic) and
+``HybridCommunicateGroup`` (the process groups of each parallel axis), on torch process groups and a
+named :class:`torch.distributed.device_mesh.DeviceMesh`.
+
+# Note [topology order]
+Ranks are laid out row-major over the axes in ``hybrid_configs['order']``
+(Paddle's default ``["dp", "pp", "sharding", "sep", "mp"]``: model parallel
+innermost, so the ranks of one tensor-parallel group are neighbours). The
+coordinate of a rank is its index in ``arange(world).reshape(dims)``, which is
+also how torch lays out a ``DeviceMesh``: the mesh dimension named ``"mp"``
+holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
+*are* the mesh's groups (created once, in the same order on every rank).
+
+Example::
+
+    from fleetlite.distributed.fleet import CommunicateTopology
+    topo = CommunicateTopology(["data", "pipe", "model"], [2, 2, 2])
+    topo.get_rank(data=1, pipe=0, model=1)    # 5
+    topo.get_comm_list("model")               # [[0, 1], [2, 3], [4, 5], [6, 7]]
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from functools import reduce
+from itertools import product
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+__all__ = ["CommunicateTopology", "HybridCommunicateGroup", "ParallelMode", "PADDLE_TO_MESH", "AXIS_OF"]
+
+logger = logging.getLogger("fleetlite.fleet")
+
+#: Paddle's axis names (topology) -> the DeviceMesh dimension names (and hybrid_configs' order keys)
+PADDLE_TO_MESH = {"data": "dp", "pipe": "pp", "sharding": "sharding", "sep": "sep", "model": "mp"}
+#: hybrid_configs' order keys -> Paddle's axis names
+AXIS_OF = {v: k for k, v in PADDLE_TO_MESH.items()}
+
+_HYBRID_PARALLEL_GROUP: HybridCommunicateGroup | None = None
+
+
+class ParallelMode:
+    """Paddle's parallel modes (``hcg.get_parallel_mode()``)."""
+
+    DATA_PARALLEL = 0
+    TENSOR_PARALLEL = 1
+    PIPELINE_PARALLEL = 2
+    SHARDING_PARALLEL = 3
+    SEGMENT_PARALLEL = 4
+
+
+class CommunicateTopology:
+    """The coordinates of every rank on the named parallel axes (Paddle's class, pure Python).
+
+    Args:
+        hybrid_group_names: axis names, outermost first (Paddle's: ``data``, ``pipe``, ``sharding``, ``sep``,
+            ``model``).
+        dims: the degree of each axis; their product is the world size.
+
+    Example::
+
+        topo = CommunicateTopology(["data", "model"], [2, 2])
+        topo.get_coord(3)               # Coordinate(data=1, model=1)
+        topo.get_axis_list("data", 0)   # [0, 1]
+    """
+
+    def __init__(self, hybrid_group_names: list[str] | None = None, dims: list[int] | None = None) -> None:
+        names = list(hybrid_group_names) if hybrid_group_names is not None else [
+            "data", "pipe", "sharding", "sep", "model"]
+        dims = list(dims) if dims is not None else [1] * len(names)
+        if len(names) != len(dims):
+            raise ValueError(f"CommunicateTopology got {len(names)} axis names {names} but {len(dims)} dims {dims}; "
+                             "give one degree per axis")
+        if any(not isinstance(d, int) or d < 1 for d in dims):
+            raise ValueError(f"CommunicateTopology dims must be positive integers, got {dims}")
+        self._parallel_names = names
+        self._dims = dims
+        self.coordinate = collections.namedtuple("Coordinate", self._parallel_names)
+        self._world_size = reduce(lambda x, y: x * y, self._dims, 1)
+        all_coordinate = [self.coordinate(*x) for x in product(*[range(d) for d in self._dims])]
+        self._coord2rank = dict(zip(all_coordinate, range(len(all_coordinate))))
+        self._rank2coord = dict(zip(self._coord2rank.values(), self._coord2rank.keys()))
+
+    def get_hybrid_group_names(self) -> list[str]:
+        return self._parallel_names
+
+    def get_dim(self, axis_name: str) -> int:
+        """The degree of ``axis_name``."""
+        return self._dims[self._axis(axis_name)]
+
+    get_dim_size = get_dim
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def _axis(self, axis_name: str) -> int:
+        if axis_name not in self._parallel_names:
+            raise ValueError(f"unknown parallel axis {axis_name!r}; this topology has {self._parallel_names}")
+        return self._parallel_names.index(axis_name)
+
+    def get_rank(self, **args: int) -> int:
+        """The rank at a coordinate given by every axis, e.g. ``get_rank(data=0, pipe=1, model=0)``."""
+        if len(args) != len(self._dims):
+            raise ValueError(f"get_rank needs one coordinate per axis {self._parallel_names}, got {sorted(args)}")
+        key = self.coordinate(**args)
+        if key not in self._coord2rank:
+            raise ValueError(f"coordinate {key} is outside the topology {dict(zip(self._parallel_names, self._dims))}")
+        return self._coord2rank[key]
+
+    def get_coord(self, rank: int) -> Any:
+        """The ``Coordinate`` namedtuple of ``rank``."""
+        if rank not in self._rank2coord:
+            raise ValueError(f"rank {rank} is outside the topology of {self._world_size} ranks")
+        return self._rank2coord[rank]
+
+    def get_axis_list(self, axis_name: str, index: int) -> list[int]:
+        """The ranks whose coordinate on ``axis_name`` is ``index``, sorted."""
+        axis = self._axis(axis_name)
+        return sorted(self._coord2rank[c] for c in self._coord2rank if c[axis] == index)
+
+    def get_comm_list(self, axis_name: str) -> list[list[int]]:
+        """The communication groups along ``axis_name``: one list per position on the other axes."""
+        self._axis(axis_name)
+        others = [n for n in self._parallel_names if n != axis_name]
+        result = []
+        for x in product(*[range(self.get_dim(n)) for n in others]):
+            key = dict(zip(others, x))
+            group = []
+            for i in range(self.get_dim(axis_name)):
+                key[axis_name] = i
+                group.append(self._coord2rank[self.coordinate(**key)])
+            result.append(group)
+        return result
+
+    def get_fused_ranks(self, fused_axis: list[str]) -> list[list[int]]:
+        """The groups spanning all the axes in ``fused_axis`` together (one per position on the others)."""
+        non_fused = [n for n in self._parallel_names if n not in fused_axis]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for coord, rank in self._coord2rank.items():
+            groups.setdefault(tuple(getattr(coord, n) for n in non_fused), []).append(rank)
+        return [sorted(g) for _, g in sorted(groups.items())]
+
+    def get_rank_from_stage(self, global_rank: int, **kwargs: int) -> int:
+        """The rank whose coordinate is ``global_rank``'s with the given axes replaced (e.g. ``pipe=1``)."""
+        coord = self.get_coord(global_rank)
+        return self.get_rank(**coord._replace(**kwargs)._asdict())
+
+    def __repr__(self) -> str:
+        return f"CommunicateTopology({self._parallel_names}, {self._dims})"
+
+
+class HybridCommunicateGroup:
+    """The process groups of each parallel axis for this rank (Paddle's class and method names).
+
+    Build it through ``fleet.init(is_collective=True, strategy=s)`` with ``s.hybrid_configs``, then
+    ``fleet.get_hybrid_communicate_group()``. The groups are torch process groups (Paddle's ``group.ranks`` is
+    ``torch.distributed.get_process_group_ranks(group)``; None single-process); ``mesh`` is the named
+    ``DeviceMesh`` they come from (None single-process). ``is_first_stage`` / ``is_last_stage`` are
+    attributes, as in Paddle.
+
+    Example::
+
+        hcg = fleet.get_hybrid_communicate_group()
+        hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
+        torch.distributed.all_reduce(t, group=hcg.get_model_parallel_group())
+    """
+
+    def __init__(self, topology: CommunicateTopology, device_type: str | None = None) -> None:
+        initialized = tdist.is_available() and tdist.is_initialized()
+        self.nranks = tdist.get_world_size() if initialized else 1
+        self.global_rank = tdist.get_rank() if initialized else 0
+        self._topo = topology
+        names = topology.get_hybrid_group_names()
+        unknown = [n for n in names if n not in PADDLE_TO_MESH]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(f"HybridCommunicateGroup needs the axes {list(PADDLE_TO_MESH)} (each once), got {names}")
+        dim = {n: topology.get_dim(n) if n in names else 1 for n in PADDLE_TO_MESH}
+        self._dp_degree, self._mp_degree, self._pp_degree = dim["data"], dim["model"], dim["pipe"]
+        self._sharding_degree, self._sep_degree = dim["sharding"], dim["sep"]
+        if topology.world_size() != self.nranks:
+            raise ValueError(
+                f"hybrid degrees {dict(zip(names, [topology.get_dim(n) for n in names]))} make "
+                f"{topology.world_size()} ranks but the world has {self.nranks}: make their product the world size")
+        coord = topology.get_coord(self.global_rank)
+        get = lambda n: getattr(coord, n) if n in names else 0  # noqa: E731
+        self._data_parallel_id, self._model_parallel_id = get("data"), get("model")
+        self._sharding_parallel_id, self._sep_parallel_id, self.stage_id = get("sharding"), get("sep"), get("pipe")
+        self.mesh = None
+        self._groups: dict[str, Any] = {}
+        self._lists: dict[str, list[int]] = {}
+        for n in names:
+            self._lists[n] = next(g for g in topology.get_comm_list(n) if self.global_rank in g)
+        if initialized:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            dtype = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+            mesh = torch.arange(self.nranks).reshape(*[topology.get_dim(n) for n in names])
+            self.mesh = DeviceMesh(dtype, mesh, mesh_dim_names=tuple(PADDLE_TO_MESH[n] for n in names))
+            for n in names:
+                self._groups[n] = self.mesh.get_group(PADDLE_TO_MESH[n])
+            # the check/clip group (Paddle's _set_check_group("data")): every rank of one data-parallel replica
+            check = [r for r in range(self.nranks) if topology.get_coord(r).data == self._data_parallel_id] \
+                if "data" in names else list(range(self.nranks))
+            self._check_group = self._new_groups_along("data", check)
+        else:
+            self._check_group = None
+        self.is_first_stage = self.stage_id == 0
+        self.is_last_stage = self.stage_id == self._pp_degree - 1
+        if self._pp_degree > 1:
+            pipe = self._lists["pipe"]
+            idx = pipe.index(self.global_rank)
+            self.next_rank, self.prev_rank = pipe[(idx + 1) % len(pipe)], pipe[(idx - 1) % len(pipe)]
+        logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, dim)
+        global _HYBRID_PARALLEL_GROUP
+        _HYBRID_PARALLEL_GROUP = self
+
+    def _new_groups_along(self, axis: str, mine: list[int]) -> Any:
+        """One group per position on ``axis`` (all created on every rank, in order); this rank's one."""
+        if "data" not in self._topo.get_hybrid_group_names() or self._dp_degree == 1:
+            return tdist.group.WORLD
+        out = None
+        for idx in range(self._dp_degree):
+            ranks = self._topo.get_axis_list(axis, idx)
+            group = tdist.new_group(ranks=ranks)
+            if ranks == mine:
+                out = group
+        return out
+
+    def _group(self, axis: str) -> Any:
+        return self._groups.get(axis)
+
+    def get_parallel_mode(self) -> int:
+        """Paddle's rule: pp > mp > sep > sharding > dp (a single rank counts as data parallel)."""
+        if self._pp_degree > 1:
+            return ParallelMode.PIPELINE_PARALLEL
+        if self._mp_degree > 1:
+            return ParallelMode.TENSOR_PARALLEL
+        if self._sep_degree > 1:
+            return ParallelMode.SEGMENT_PARALLEL
+        if self._sharding_degree > 1:
+            return ParallelMode.SHARDING_PARALLEL
+        return ParallelMode.DATA_PARALLEL
+
+    def topology(self) -> CommunicateTopology:
+        return self._topo
+
+    def get_global_rank(self) -> int:
+        return self.global_rank
+
+    # data parallel
+    def get_data_parallel_rank(self) -> int:
+        return self._data_parallel_id
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._dp_degree
+
+    def get_data_parallel_group(self) -> Any:
+        return self._group("data")
+
+    def get_data_parallel_group_src_rank(self) -> int:
+        return self._lists["data"][0]
+
+    # model (tensor) parallel
+    def get_model_parallel_rank(self) -> int:
+        return self._model_parallel_id
+
+    def get_model_parallel_world_size(self) -> int:
+        return self._mp_degree
+
+    def get_model_parallel_group(self) -> Any:
+        return self._group("model")
+
+    def get_model_parallel_group_src_rank(self) -> int:
+        return self._lists["model"][0]
+
+    # pipeline parallel
+    def get_stage_id(self) -> int:
+        return self.stage_id
+
+    def get_pipe_parallel_rank(self) -> int:
+        return self.stage_id
+
+    def get_pipe_parallel_world_size(self) -> int:
+        return self._pp_degree
+
+    def get_pipe_parallel_group(self) -> Any:
+        return self._group("pipe")
+
+    def get_pipe_parallel_group_src_rank(self) -> int:
+        return self._lists["pipe"][0]
+
+    def get_rank_from_stage(self, stage_id: int, **kwargs: int) -> int:
+        """The global rank of stage ``stage_id`` with this rank's other coordinates (or those given)."""
+        return self._topo.get_rank_from_stage(self.global_rank, pipe=stage_id, **kwargs)
+
+    def _get_p2p_next_rank(self) -> int:
+        return self.next_rank
+
+    def _get_p2p_prev_rank(self) -> int:
+        return self.prev_rank
+
+    # sharding parallel
+    def get_sharding_parallel_rank(self) -> int:
+        return self._sharding_parallel_id
+
+    def get_sharding_parallel_world_size(self) -> int:
+        return self._sharding_degree
+
+    def get_sharding_parallel_group(self) -> Any:
+        return self._group("sharding")
+
+    def get_sharding_parallel_group_src_rank(self) -> int:
+        return self._lists["sharding"][0]
+
+    # sequence (segment) parallel
+    def get_sep_parallel_rank(self) -> int:
+        return self._sep_parallel_id
+
+    def get_sep_parallel_world_size(self) -> int:
+        return self._sep_degree
+
+    def get_sep_parallel_group(self) -> Any:
+        return self._group("sep")
+
+    def get_sep_parallel_group_src_rank(self) -> int:
+        return self._lists["sep"][0]
+
+    # the group that sees every parameter once: global-norm clipping and the amp inf/nan check
+    def get_check_parallel_group(self, sharding: bool = False) -> Any:
+        """All ranks of this data-parallel replica (mp × pp × sharding × sep): Paddle's check/clip group."""
+        return self._check_group
+
+    def __repr__(self) -> str:
+        return (f"HybridCommunicateGroup(rank={self.global_rank}, dp={self._dp_degree}, pp={self._pp_degree}, "
+                f"sharding={self._sharding_degree}, sep={self._sep_degree}, mp={self._mp_degree})")
+
+
+def get_hybrid_communicate_group() -> HybridCommunicateGroup | None:
+    """The last HybridCommunicateGroup built in this process (None before ``fleet.init``)."""
+    return _HYBRID_PARALLEL_GROUP
+
+
+def _reset() -> None:
+    global _HYBRID_PARALLEL_GROUP
+    _HYBRID_PARALLEL_GROUP = None

@@ -285,13 +285,7 @@ def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.M
         raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
                          f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
     # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
-    return PipelineParallel(model, hcg=_hybrid_group(), strategy=strategy)
-
-
-def _hybrid_group() -> Any:
-    """The HybridCommunicateGroup of fleet.init, when the topology is wired (else None: Paddle's default layout)."""
-    get = globals().get("get_hybrid_communicate_group")
-    return get() if get is not None else None
+    return PipelineParallel(model, hcg=get_hybrid_communicate_group(), strategy=strategy)
 
 
 def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:

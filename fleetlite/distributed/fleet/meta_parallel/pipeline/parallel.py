@@ -37,7 +37,7 @@ from .layers import PipelineLayer
 
 __all__ = ["PipelineParallel"]
 
-_SCHEDULES = {"1F1B": Schedule1F1B, "FThenB": ScheduleGPipe, "GPipe": ScheduleGPipe}
+_SCHEDULES = {"1F1B": Schedule1F1B, "FThenB": ScheduleGPipe, "F-then-B": ScheduleGPipe}
 
 
 def _split(value: Any, n: int, size: int, what: str) -> list[Any]:
@@ -64,9 +64,9 @@ class PipelineParallel(nn.Module):
     ``hcg``: a ``HybridCommunicateGroup`` (its pipe and data groups are used);
     ``None`` lays the ranks out as the layer's topology or Paddle's default
     (Note [pipeline rank layout]). ``strategy``: a ``DistributedStrategy``
-    (``pipeline_configs``: ``accumulate_steps``, ``micro_batch_size``; and
-    ``hybrid_configs['pp_configs']``'s ``schedule_mode`` when it has one), or
-    pass ``accumulate_steps`` / ``micro_batch_size`` / ``schedule`` directly.
+    (``pipeline_configs``: ``accumulate_steps``, ``micro_batch_size``,
+    ``schedule_mode`` "1F1B" or "FThenB"/"F-then-B"), or pass
+    ``accumulate_steps`` / ``micro_batch_size`` / ``schedule`` directly.
     """
 
     def __init__(self, layers: PipelineLayer, hcg: Any = None, strategy: Any = None, *,
@@ -80,12 +80,12 @@ class PipelineParallel(nn.Module):
             raise RuntimeError("PipelineParallel needs a process group; call fleet.init(is_collective=True, "
                                "strategy=...) first")
         cfg = dict(strategy.pipeline_configs) if strategy is not None else {}
-        pp_cfg = strategy.hybrid_configs.get("pp_configs", None) if strategy is not None else None
         self.accumulate_steps = int(accumulate_steps or cfg.get("accumulate_steps", 1))
         self.micro_batch_size = int(micro_batch_size or cfg.get("micro_batch_size", 1))
-        mode = schedule or getattr(pp_cfg, "schedule_mode", None) or cfg.get("schedule_mode", None) or "1F1B"
+        mode = schedule or cfg.get("schedule_mode", None) or "1F1B"
         if mode not in _SCHEDULES:
-            raise ValueError(f"pipeline schedule {mode!r} is not supported; use one of {sorted(_SCHEDULES)}")
+            raise ValueError(f"pipeline schedule_mode {mode!r} is not supported (VPP needs virtual stages); use "
+                             f"one of {sorted(_SCHEDULES)}")
         self.schedule_mode = mode
         self._layers = layers
         self._hcg = hcg
@@ -105,6 +105,11 @@ class PipelineParallel(nn.Module):
     def _groups(hcg: Any, layers: PipelineLayer) -> tuple[Any, Any]:
         """(pipe group, data group or None); without hcg every rank creates every group (collective)."""
         if hcg is not None:
+            if hcg.get_stage_id() != layers.get_stage_id() or hcg.get_pipe_parallel_world_size() != \
+                    layers.get_num_stages():
+                raise ValueError(f"this rank is stage {hcg.get_stage_id()} of {hcg.get_pipe_parallel_world_size()} in "
+                                 f"the hybrid topology but stage {layers.get_stage_id()} of {layers.get_num_stages()} "
+                                 "in the PipelineLayer; build it with PipelineLayer(..., topology=hcg.topology())")
             dp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
             return hcg.get_pipe_parallel_group(), dp
         pipelines, rank = layers._layout.pipelines, td.get_rank()

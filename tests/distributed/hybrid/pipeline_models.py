@@ -82,3 +82,35 @@ def copy_from(stage, ref):
     with torch.no_grad():
         for name, t in stage.state_dict().items():
             t.copy_(ref_state[name])
+
+
+class MatmulNet(nn.Module):
+    """Paddle's hybrid_parallel_pp_embedding.py layers: built modules (not descriptions), a tuple output."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax_weight = nn.Parameter(torch.randn(HIDDEN, VOCAB) * 0.3)
+
+    def forward(self, args):
+        x1, x2 = args
+        return x1 @ self.softmax_weight, x2
+
+
+class BiasNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax_bias = nn.Parameter(torch.randn(VOCAB) * 0.1)
+
+    def forward(self, args):
+        fc, x2 = args
+        return (fc + self.softmax_bias).reshape(-1, VOCAB), x2
+
+
+def embedding_loss(args, y1):
+    """Paddle's LossNet: the last stage's output is the tuple (projection, x2); labels the tuple (y1,)."""
+    projection, _ = args
+    return nn.functional.cross_entropy(projection, y1[0].reshape(-1))
+
+
+def embedding_layers():
+    return [EmbeddingPipe(), MatmulNet(), BiasNet()]

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as td
 from pipeline_models import (
     copy_from,
+    embedding_layers,
+    embedding_loss,
     mlp_batch,
     mlp_descs,
     reference,
@@ -19,6 +21,7 @@ from pipeline_models import (
 )
 from torch import nn
 
+from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, SegmentLayers
 from fleetlite.testing import run_ranks
 
@@ -29,11 +32,17 @@ TOL = 1e-5
 def _models(kind):
     if kind == "mlp":
         return mlp_descs, nn.CrossEntropyLoss(), mlp_batch
+    if kind == "embedding":
+        return embedding_layers, embedding_loss, tied_batch
     return tied_descs, tied_loss, tied_batch
 
 
-def _parity(rank, world, kind, schedule, pp):
-    """dp = world // pp replicas; each takes its own ROWS rows; the reference sees all of them."""
+def _parity(rank, world, kind, schedule, pp, scaler=False):
+    """dp = world // pp replicas; each takes its own ROWS rows; the reference sees all of them.
+
+    ``scaler``: train through fleet.distributed_scaler(GradScaler(init_scale=1024)); float32 scaled by a power of
+    two unscales exactly, so the run must still equal the unscaled reference.
+    """
     descs, loss_fn, batch = _models(kind)
     dp = world // pp
     ref = reference(descs(), loss_fn)
@@ -45,11 +54,12 @@ def _parity(rank, world, kind, schedule, pp):
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 2, 0.5)
+    grad_scaler = fleet.distributed_scaler(torch.amp.GradScaler("cpu", init_scale=1024.0)) if scaler else None
     d_loss = 0.0
     for step in range(STEPS):
         shards = [batch(step, ROWS, r) for r in range(dp)]
         x, y = shards[rank // pp]
-        loss = model.train_batch([x, y], opt, sched)
+        loss = model.train_batch([x, y], opt, sched, scaler=grad_scaler)
         full_losses = [loss_fn(ref(*(xs if isinstance(xs, tuple) else (xs,))), ys) for xs, ys in shards]
         ref_opt.zero_grad()
         torch.stack(full_losses).mean().backward()
@@ -65,14 +75,17 @@ def _parity(rank, world, kind, schedule, pp):
     out = model.eval_batch([x, y], compute_loss=False)
     with torch.no_grad():
         ref_out = ref(*(x if isinstance(x, tuple) else (x,)))
+    if isinstance(out, tuple):  # a tuple output (Paddle's pp_embedding test): compare the projection
+        out, ref_out = out[0], ref_out[0]
     d_out = (out - ref_out).abs().max().item() if model.is_pipeline_last_stage else 0.0
     n_local = sum(p.numel() for p in stage.parameters())
-    return {"loss": d_loss, "param": d_param, "eval": d_eval, "out": d_out, "local": n_local,
+    return {"scale": grad_scaler.get_scale() if scaler else None, "loss": d_loss, "param": d_param,
+            "eval": d_eval, "out": d_out, "local": n_local,
             "total": sum(p.numel() for p in ref.parameters())}
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "FThenB"])
-@pytest.mark.parametrize("kind", ["mlp", "tied"])
+@pytest.mark.parametrize("kind", ["mlp", "tied", "embedding"])
 def test_pp2_equals_single_process(kind, schedule):
     results = run_ranks(_parity, world_size=2, args=(kind, schedule, 2), timeout=120)
     for r in results:
@@ -86,6 +99,29 @@ def test_dp2_pp2_equals_single_process():
     results = run_ranks(_parity, world_size=4, args=("tied", "1F1B", 2), timeout=240)
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL, results
+
+
+def test_pp2_with_distributed_scaler_equals_single_process():
+    results = run_ranks(_parity, world_size=2, args=("tied", "1F1B", 2, True), timeout=120)
+    for r in results:
+        assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL, results
+        assert r["scale"] == 1024.0  # no inf step: the scale did not back off on any stage
+
+
+def _plain_scaler(rank, world):
+    stage = PipelineLayer(mlp_descs(), num_stages=2, loss_fn=nn.CrossEntropyLoss())
+    model = PipelineParallel(stage, accumulate_steps=4, micro_batch_size=2)
+    x, y = mlp_batch(0)
+    try:
+        model.train_batch([x, y], torch.optim.SGD(model.parameters(), lr=0.1), scaler=torch.amp.GradScaler("cpu"))
+    except TypeError as e:
+        return str(e)
+    return None
+
+
+def test_plain_grad_scaler_fails_with_one_line():
+    for msg in run_ranks(_plain_scaler, world_size=2, timeout=60):
+        assert "fleet.distributed_scaler(scaler)" in msg and "\n" not in msg
 
 
 def test_segment_layers_as_paddle():

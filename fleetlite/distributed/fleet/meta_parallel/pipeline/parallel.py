@@ -100,6 +100,8 @@ class PipelineParallel(nn.Module):
         self._broadcast_dp_replicas()
         self._schedules: dict[str, Any] = {}
         self._label_mbs: list[Any] = []
+        self._mb_losses: dict[int, torch.Tensor] = {}  # unscaled, by micro-batch
+        self._scaler: Any = None  # the GradScaler of the train_batch in progress
 
     @staticmethod
     def _groups(hcg: Any, layers: PipelineLayer) -> tuple[Any, Any]:
@@ -144,7 +146,9 @@ class PipelineParallel(nn.Module):
 
     def _micro_loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         """The user's ``loss_fn(output, labels)`` for micro-batch ``index`` (Note [label micro-batches])."""
-        return self._layers._loss_fn(output, self._label_mbs[int(index)])
+        loss = self._layers._loss_fn(output, self._label_mbs[int(index)])
+        self._mb_losses[int(index)] = loss.detach()
+        return self._scaler.scale(loss) if self._scaler is not None else loss
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._layers(*args, **kwargs)
@@ -162,18 +166,17 @@ class PipelineParallel(nn.Module):
         if self.is_pipeline_first_stage:
             mbs = _split(inputs, n, size, "input")
             kw["arg_mbs"] = [m if isinstance(m, tuple) else (m,) for m in mbs]
-        losses: list[torch.Tensor] | None = None
+        self._mb_losses = {}
         if self.is_pipeline_last_stage and compute_loss:
             # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
             # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
             self._label_mbs = _split(labels, n, size, "label")
             kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
-            losses = kw["losses"] = []
         schedule = self._schedule(compute_loss)
         out = schedule.step(**kw) if train else schedule.eval(**kw)
         if not compute_loss:
             return None, out
-        loss = torch.stack([x.detach().float() for x in losses]).mean() if losses is not None else None
+        loss = torch.stack([self._mb_losses[i].float() for i in range(n)]).mean() if self._mb_losses else None
         return self._broadcast_final_loss(loss), out
 
     def _broadcast_final_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
@@ -204,19 +207,40 @@ class PipelineParallel(nn.Module):
                     scaler: Any = None) -> torch.Tensor:
         """One optimizer step over ``accumulate_steps`` micro-batches of ``data = [inputs, labels]``.
 
-        Returns the mean loss over the micro-batches, the same tensor on every stage.
+        Returns the mean loss over the micro-batches, the same tensor on every stage. With ``scaler``
+        (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank), the last stage
+        scales each micro-batch's loss and every stage steps through ``scaler.step`` / ``scaler.update``.
         """
-        if scaler is not None:
-            raise NotImplementedError("train_batch(scaler=...) is not supported with pipeline parallelism yet: "
-                                      "train in float32 or bfloat16 without a GradScaler")
+        scaler = self._check_scaler(scaler)
         self.train()
-        loss, _ = self._run(data, train=True, compute_loss=True)
+        if scaler is not None:
+            # stages that never see the loss never call scale(): create the lazily made scale on every stage
+            scaler.scale(torch.ones((), device=self._stage.device))
+        self._scaler = scaler
+        try:
+            loss, _ = self._run(data, train=True, compute_loss=True)
+        finally:
+            self._scaler = None
         self._reduce_gradients()
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad()
         if lr_scheduler is not None:
             lr_scheduler.step()
         return loss
+
+    def _check_scaler(self, scaler: Any) -> Any:
+        if scaler is None or not scaler.is_enabled():
+            return None
+        from ...amp import DistGradScaler
+
+        if not isinstance(scaler, DistGradScaler) and td.get_world_size() > 1:
+            raise TypeError(f"train_batch got a {type(scaler).__name__}, whose inf/nan skip would differ between "
+                            "stages; pass fleet.distributed_scaler(scaler)")
+        return scaler
 
     @torch.no_grad()
     def eval_batch(self, data: Sequence[Any], compute_loss: bool = False) -> Any:

@@ -24,6 +24,7 @@ from torch import nn
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, SegmentLayers
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 STEPS, ROWS, MICRO = 4, 8, 2
 TOL = 1e-5
@@ -37,21 +38,25 @@ def _models(kind):
     return tied_descs, tied_loss, tied_batch
 
 
-def _parity(rank, world, kind, schedule, pp, scaler=False):
+def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=0):
     """dp = world // pp replicas; each takes its own ROWS rows; the reference sees all of them.
 
     ``scaler``: train through fleet.distributed_scaler(GradScaler(init_scale=1024)); float32 scaled by a power of
-    two unscales exactly, so the run must still equal the unscaled reference.
+    two unscales exactly, so the run must still equal the unscaled reference. ``clip``: Paddle's
+    ``optimizer._grad_clip = ClipGradByGlobalNorm(clip)`` against torch's clip_grad_norm_ on the whole model.
+    ``recompute``: the stages' recompute_interval.
     """
     descs, loss_fn, batch = _models(kind)
     dp = world // pp
     ref = reference(descs(), loss_fn)
     torch.manual_seed(1 + rank)  # stages build from different seeds: the copy below must set every weight
-    stage = PipelineLayer(descs(), num_stages=pp, loss_fn=loss_fn)
+    stage = PipelineLayer(descs(), num_stages=pp, loss_fn=loss_fn, recompute_interval=recompute)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=ROWS // MICRO, micro_batch_size=MICRO, schedule=schedule)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
+    if clip is not None:
+        opt._grad_clip = ClipGradByGlobalNorm(clip)
     sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 2, 0.5)
     grad_scaler = fleet.distributed_scaler(torch.amp.GradScaler("cpu", init_scale=1024.0)) if scaler else None
@@ -63,6 +68,8 @@ def _parity(rank, world, kind, schedule, pp, scaler=False):
         full_losses = [loss_fn(ref(*(xs if isinstance(xs, tuple) else (xs,))), ys) for xs, ys in shards]
         ref_opt.zero_grad()
         torch.stack(full_losses).mean().backward()
+        if clip is not None:
+            assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
         ref_opt.step()
         ref_sched.step()
         d_loss = max(d_loss, abs(loss.item() - full_losses[rank // pp].item()))
@@ -106,6 +113,20 @@ def test_pp2_with_distributed_scaler_equals_single_process():
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL, results
         assert r["scale"] == 1024.0  # no inf step: the scale did not back off on any stage
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_global_norm_clip_across_stages(world):
+    """The tied model: the shared embedding counts once in the norm although two stages hold it."""
+    results = run_ranks(_parity, world_size=world, args=("tied", "1F1B", 2), kwargs={"clip": 0.05}, timeout=240)
+    for r in results:
+        assert r["loss"] < TOL and r["param"] < TOL, results
+
+
+def test_recompute_interval_equals_single_process():
+    results = run_ranks(_parity, world_size=2, args=("mlp", "1F1B", 2), kwargs={"recompute": 1}, timeout=120)
+    for r in results:
+        assert r["loss"] < TOL and r["param"] < TOL, results
 
 
 def _plain_scaler(rank, world):

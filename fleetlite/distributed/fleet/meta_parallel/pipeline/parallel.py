@@ -207,9 +207,11 @@ class PipelineParallel(nn.Module):
                     scaler: Any = None) -> torch.Tensor:
         """One optimizer step over ``accumulate_steps`` micro-batches of ``data = [inputs, labels]``.
 
-        Returns the mean loss over the micro-batches, the same tensor on every stage. With ``scaler``
-        (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank), the last stage
-        scales each micro-batch's loss and every stage steps through ``scaler.step`` / ``scaler.update``.
+        Returns the mean loss over the micro-batches, the same tensor on every stage. ``optimizer._grad_clip``
+        (Paddle's ``grad_clip=``) is applied after the gradient reductions, the global norm across all stages.
+        With ``scaler`` (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank),
+        the last stage scales each micro-batch's loss and every stage steps through ``scaler.step`` /
+        ``scaler.update``.
         """
         scaler = self._check_scaler(scaler)
         self.train()
@@ -222,6 +224,11 @@ class PipelineParallel(nn.Module):
         finally:
             self._scaler = None
         self._reduce_gradients()
+        clip = getattr(optimizer, "_grad_clip", None)
+        if clip is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            self._clip_gradients(clip)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -231,6 +238,28 @@ class PipelineParallel(nn.Module):
         if lr_scheduler is not None:
             lr_scheduler.step()
         return loss
+
+    @torch.no_grad()
+    def _clip_gradients(self, clip: Any) -> None:
+        """Paddle's ``optimizer._grad_clip`` (its HybridParallelClipGrad for the global norm).
+
+        ``ClipGradByGlobalNorm``: the norm over the whole model, each parameter counted once (a shared weight
+        only on the first stage holding it; data-parallel replicas hold equal, averaged gradients), summed over
+        the pipeline group. Per-tensor clippers (by norm, by value) apply here as they are.
+        """
+        params = [p for p in self._layers.parameters() if p.grad is not None]
+        if type(clip).__name__ != "ClipGradByGlobalNorm":
+            clip(params)
+            return
+        not_first = {id(self._layers._shared_weight(k)) for k, c in self._layers.shared_comm.items()
+                     if td.get_rank() != min(c["ranks"])}
+        counted = [p.grad.float() for p in params if id(p) not in not_first]
+        sq = torch.stack([g.square().sum() for g in counted]).sum() if counted else \
+            torch.zeros((), device=self._stage.device)
+        td.all_reduce(sq, group=self.pp_group)
+        coef = torch.clamp(float(clip.clip_norm) / (sq.sqrt() + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coef.to(p.grad.dtype))
 
     def _check_scaler(self, scaler: Any) -> Any:
         if scaler is None or not scaler.is_enabled():

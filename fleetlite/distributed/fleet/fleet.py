@@ -284,6 +284,10 @@ def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.M
     if pp != model.get_num_stages():
         raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
                          f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
+    unsupported = [f for f in ("amp", "recompute", "sync_batch_norm") if getattr(strategy, f)]
+    if unsupported:
+        raise NotImplementedError(f"strategy {unsupported} with a PipelineLayer is not supported yet; turn them off "
+                                  "(recompute: PipelineLayer(..., recompute_interval=N) recomputes inside stages)")
     # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
     return PipelineParallel(model, hcg=get_hybrid_communicate_group(), strategy=strategy)
 

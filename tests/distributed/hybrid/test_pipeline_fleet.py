@@ -28,6 +28,8 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode):
     copy_from(stage, ref)
     model = fleet.distributed_model(stage)
     assert isinstance(model, PipelineParallel) and model.stage_id == hcg.get_stage_id()
+    assert list(model.state_dict()) == list(stage.state_dict())  # keys by global layer index, as Paddle's
+    assert len(list(model.parameters())) == len(list(stage.parameters()))
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
     sched = torch.optim.lr_scheduler.MultiStepLR(opt.inner_opt, milestones=[2, 3, 4], gamma=2.0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
@@ -57,3 +59,28 @@ def test_shared_weight_pp2_as_paddle():
 def test_shared_weight_dp2_pp2_fthenb():
     for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=4, args=(2, "FThenB"), timeout=240):
         assert d_loss < 1e-5 and d_param < 1e-5
+
+
+def _bad_fleet_configs(rank, world):
+    from torch import nn
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
+    strategy.amp = True
+    fleet.init(is_collective=True, strategy=strategy)
+    msgs = []
+    for num_stages in (2, 1):  # amp refused; a one-stage layer under pp_degree 2 refused
+        layer = PipelineLayer([nn.Linear(2, 2), nn.Linear(2, 2)], num_stages=num_stages, loss_fn=nn.MSELoss())
+        try:
+            fleet.distributed_model(layer)
+        except (ValueError, NotImplementedError) as e:
+            msgs.append(str(e))
+        strategy.amp = False
+        fleet.init(is_collective=True, strategy=strategy)
+    return msgs
+
+
+def test_bad_pipeline_configs_fail_with_one_line():
+    for amp_msg, stages_msg in run_ranks(_bad_fleet_configs, world_size=2, timeout=60):
+        assert "['amp']" in amp_msg and "\n" not in amp_msg
+        assert "1 stages but hybrid_configs['pp_degree'] is 2" in stages_msg and "\n" not in stages_msg

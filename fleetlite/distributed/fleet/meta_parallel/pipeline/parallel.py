@@ -151,7 +151,15 @@ class PipelineParallel(nn.Module):
         return self._scaler.scale(loss) if self._scaler is not None else loss
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """This stage's layers alone (no pipeline): use :meth:`train_batch` / :meth:`eval_batch` to run the model."""
         return self._layers(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """This stage's ``PipelineLayer`` state (keys by global layer index, as Paddle's wrapper returns)."""
+        return self._layers.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self._layers.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _run(self, data: Sequence[Any], train: bool, compute_loss: bool) -> tuple[torch.Tensor | None, Any]:
         if not isinstance(data, (tuple, list)) or len(data) != 2:

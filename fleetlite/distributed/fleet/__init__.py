@@ -25,7 +25,7 @@ to replace it (``fleet.util = MyUtil()``).
 :func:`~.amp.from_strategy`, :class:`~.amp.DistGradScaler`) that the Trainer reuses.
 """
 
-from . import amp, base, utils
+from . import amp, base, meta_parallel, utils
 from .amp import AmpHelper, DistGradScaler
 from .base.topology import CommunicateTopology, HybridCommunicateGroup
 from .fleet import (
@@ -82,6 +82,7 @@ __all__ = [
     "recompute",
     "utils",
     "base",
+    "meta_parallel",
     "get_hybrid_communicate_group",
     "CommunicateTopology",
     "HybridCommunicateGroup",

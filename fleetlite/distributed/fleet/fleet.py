@@ -143,17 +143,8 @@ def _hcg_degrees(hcg: _topology.HybridCommunicateGroup) -> dict[str, int]:
 
 
 def _build_hcg(strategy: DistributedStrategy) -> _topology.HybridCommunicateGroup:
-    """The topology of ``hybrid_configs`` (axes in its ``order``; Note [topology order]) and its groups."""
-    degrees = strategy.hybrid_degrees(_world_size())
-    order = list(strategy.hybrid_configs["order"])
-    missing = [a for a in degrees if a not in order]
-    for axis in missing:
-        if degrees[axis] > 1:
-            raise ValueError(f"hybrid_configs['order'] = {order} leaves out {axis!r} whose degree is {degrees[axis]}; "
-                             "list every axis with a degree above 1")
-    order = missing + order  # axes of degree 1 left out of the order: outermost (they change no rank's place)
-    topo = _topology.CommunicateTopology([_topology.AXIS_OF[a] for a in order], [degrees[a] for a in order])
-    _state.hcg = _topology.HybridCommunicateGroup(topo, device_type=ParallelEnv().device.type)
+    """The topology of ``hybrid_configs`` and its groups, kept for this process (collective)."""
+    _state.hcg = _topology.from_strategy(strategy, _world_size(), ParallelEnv().device.type)
     return _state.hcg
 
 
@@ -260,7 +251,12 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
-    if strategy.sharding_stage >= 2 and collective.is_initialized():
+    hcg = _state.hcg
+    if hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
+        wrapped = _pipeline_parallel(model, strategy, hcg)
+    elif hcg is not None and hcg.get_model_parallel_world_size() > 1:
+        wrapped = _tensor_parallel(model, strategy, hcg)
+    elif strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
     else:
         wrapped = _data_parallel(model, strategy)
@@ -301,6 +297,29 @@ def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
     return ShardedDataParallel(model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(
         _world_size()), offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype,
         wrap=cfg["wrap"] or None)
+
+
+def _pipeline_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """pp_degree > 1: Paddle's ``PipelineParallel(layers, hcg, strategy=...)`` (meta_parallel/pipeline/)."""
+    try:
+        from .meta_parallel.pipeline import PipelineParallel
+    except ImportError:
+        raise NotImplementedError("pp_degree > 1 needs fleet.meta_parallel.pipeline (PipelineLayer, PipelineParallel), "
+                                  "which this build lacks; set pp_degree = 1") from None
+    return PipelineParallel(model, hcg, strategy=strategy)
+
+
+def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """mp_degree > 1: TensorParallel (replicated parameters agreed over mp, the engine over the dp group)."""
+    from .meta_parallel import TensorParallel
+
+    fused = strategy.fuse_all_reduce_ops
+    return TensorParallel(
+        model, hcg, strategy,
+        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+        find_unused_parameters=strategy.find_unused_parameters,
+        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
 
 
 def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:

@@ -19,7 +19,10 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   (unscale, rank-consistent inf/nan skip, scale update);
 * the meta-optimizers (``lamb``, ``lars``, ``localsgd``, ``adaptive_localsgd``,
   ``dgc``), applied in eager mode by
-  :mod:`~fleetlite.distributed.fleet.meta_optimizers` (``meta``).
+  :mod:`~fleetlite.distributed.fleet.meta_optimizers` (``meta``);
+* hybrid parallel (``mp_degree``/``pp_degree`` > 1): Paddle's ``grad_clip=ClipGradByGlobalNorm(c)``, read
+  from ``optimizer._grad_clip``, clips by the norm of the whole model across the mesh right before each real
+  step (after unscaling and merge averaging): Note [hybrid global norm] (``hybrid_clip.last_norm``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ import torch.nn as nn
 
 from ...parallel.sharded.optim_state import full_optimizer_state, load_full_optimizer_state
 from ...parallel.sharded.rebuild import constructor_kwargs, rebuild_optimizer, report_steps_to
+from . import context
 from .amp import AmpHelper
 from .gradient_merge import GradientMerge
 from .meta_optimizers import MetaOptimizers
+from .meta_parallel.hybrid_clip import HybridParallelClipGrad, grad_clip_norm_of
 from .strategy import DistributedStrategy
 
 __all__ = ["DistributedOptimizer"]
@@ -125,6 +130,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars/localsgd/dgc: what steps in its place
         self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else self.meta.optimizer
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
+        self.hybrid_clip = self._hybrid_clip(optimizer)
+
+    def _hybrid_clip(self, optimizer: torch.optim.Optimizer) -> HybridParallelClipGrad | None:
+        """Under mp/pp, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
+        hcg, norm = context.state.hcg, grad_clip_norm_of(getattr(optimizer, "_grad_clip", None))
+        if hcg is None or norm is None or (hcg.get_model_parallel_world_size() == 1
+                                           and hcg.get_pipe_parallel_world_size() == 1):
+            return None
+        clip = HybridParallelClipGrad(norm, hcg)
+
+        def pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            clip([p for g in opt.param_groups for p in g["params"]])
+
+        self.inner_opt.register_step_pre_hook(pre_step)
+        return clip
 
     @staticmethod
     def _shard(optimizer: torch.optim.Optimizer, group) -> torch.optim.Optimizer:

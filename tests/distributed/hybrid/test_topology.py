@@ -108,6 +108,7 @@ def _bad(rank, world, hybrid):
     ({"dp_degree": 2, "mp_degree": 2}, "dp_degree'] = 2 does not fit 2 ranks"),
     ({"mp_degree": 4}, "do not divide the 2 ranks"),
     ({"sep_degree": 2}, "sequence parallelism"),
+    ({"mp_degree": 2, "sharding_degree": 2}, "sharding combined with mp_degree/pp_degree > 1 is not implemented"),
 ])
 def test_bad_degrees_fail_at_init_with_one_line(hybrid, match):
     for kind, text in run_ranks(_bad, args=(hybrid,), expect_failure=True, timeout=100).values():
@@ -125,3 +126,41 @@ def test_single_process_hcg(clean_dist_env):
         assert hcg.mesh is None and hcg.get_model_parallel_group() is None
     finally:
         fleet_impl._reset()
+
+
+def test_topology_4d_matches_paddles_test():
+    topo = fleet.CommunicateTopology(["dp", "pp", "sharding", "mp"], [2, 2, 2, 2])
+    assert topo.get_comm_list("dp") == [[i, i + 8] for i in range(8)]
+    assert topo.get_comm_list("mp") == [[i, i + 1] for i in range(0, 16, 2)]
+    assert topo.get_comm_list("pp") == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
+    assert topo.get_comm_list("sharding") == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert [topo.get_rank(dp=r >> 3 & 1, pp=r >> 2 & 1, sharding=r >> 1 & 1, mp=r & 1) for r in range(16)] == list(
+        range(16))
+    assert topo.get_coord(13) == topo.coordinate(1, 1, 0, 1) and topo.world_size() == 16
+    assert topo.get_axis_list("sharding", 1) == [2, 3, 6, 7, 10, 11, 14, 15]
+    assert topo.get_axis_list("pp", 0) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def _new_group_api(rank, world):
+    # Paddle's hybrid_parallel_communicate_group.py: an HCG built directly from a topology after init
+    hcg = fleet.HybridCommunicateGroup(fleet.CommunicateTopology(["data", "model", "sharding", "pipe"], [2, 1, 1, 1]))
+    t1, t2 = torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4])
+    dp_gp, src = hcg.get_data_parallel_group(), hcg.get_data_parallel_group_src_rank()
+    result = torch.zeros(3, dtype=torch.int64)
+    tdist.scatter(result, [t2, t1] if rank == src else None, src=src, group=dp_gp)
+    scattered = result.clone()
+    tdist.broadcast(result, src=1, group=dp_gp)
+    broadcast = result.clone()
+    tdist.reduce(result, dst=src, group=dp_gp)
+    return (hcg.get_data_parallel_world_size(), src, hcg.get_model_parallel_world_size(), scattered, broadcast,
+            result, hcg.get_parallel_mode())
+
+
+@pytest.mark.timeout(120)
+def test_hcg_from_a_topology_like_paddles_new_group_test():
+    out = run_ranks(_new_group_api, world_size=2, timeout=110)
+    for rank, (dp_world, src, mp_world, scattered, broadcast, reduced, mode) in enumerate(out):
+        assert (dp_world, src, mp_world, mode) == (2, 0, 1, topo_mod.ParallelMode.DATA_PARALLEL)
+        assert scattered.tolist() == ([2, 3, 4] if rank == 0 else [1, 2, 3]) and broadcast.tolist() == [1, 2, 3]
+        if rank == 0:  # (torch leaves a non-destination rank's tensor unspecified; Paddle checks it is unchanged)
+            assert reduced.tolist() == [2, 4, 6]

@@ -338,6 +338,23 @@ class HybridCommunicateGroup:
                 f"sharding={self._sharding_degree}, sep={self._sep_degree}, mp={self._mp_degree})")
 
 
+def from_strategy(strategy: Any, world_size: int, device_type: str | None = None) -> HybridCommunicateGroup:
+    """The HybridCommunicateGroup of ``strategy.hybrid_configs`` (axes in its ``order``: Note [topology order]).
+
+    Collective (every rank creates every group, in the same order).
+    """
+    degrees = strategy.hybrid_degrees(world_size)
+    order = list(strategy.hybrid_configs["order"])
+    missing = [a for a in degrees if a not in order]
+    for axis in missing:
+        if degrees[axis] > 1:
+            raise ValueError(f"hybrid_configs['order'] = {order} leaves out {axis!r} whose degree is {degrees[axis]}; "
+                             "list every axis with a degree above 1")
+    order = missing + order  # axes of degree 1 left out of the order: outermost (they change no rank's place)
+    topo = CommunicateTopology([AXIS_OF[a] for a in order], [degrees[a] for a in order])
+    return HybridCommunicateGroup(topo, device_type=device_type)
+
+
 def get_hybrid_communicate_group() -> HybridCommunicateGroup | None:
     """The last HybridCommunicateGroup built in this process (None before ``fleet.init``)."""
     return _HYBRID_PARALLEL_GROUP

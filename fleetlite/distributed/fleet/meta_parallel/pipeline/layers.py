@@ -260,8 +260,15 @@ class PipelineLayer(nn.Module):
 
     @torch.no_grad()
     def _synchronize_shared_weights(self) -> None:
+        """Start every copy from the first holder's weight; mark the others' parameters
+        ``is_firstly_shared = False`` (Paddle's attribute: a global norm counts a shared weight once)."""
+        for layer in self.shared_layers.values():
+            for p in layer.parameters():
+                p.is_firstly_shared = True
         for key, c in self.shared_comm.items():
             td.broadcast(self._shared_weight(key), src=min(c["ranks"]), group=c["group"])
+            for p in c["layer"].parameters():
+                p.is_firstly_shared = td.get_rank() == min(c["ranks"])
 
     def allreduce_shared_weight_gradients(self) -> None:
         """Sum the gradient of every shared weight across the stages that hold it (Paddle's name)."""

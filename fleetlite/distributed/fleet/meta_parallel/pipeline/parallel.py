@@ -232,7 +232,8 @@ class PipelineParallel(nn.Module):
         finally:
             self._scaler = None
         self._reduce_gradients()
-        clip = getattr(optimizer, "_grad_clip", None)
+        # fleet.distributed_optimizer clips in its own step hook (hybrid_clip) under pp: do not clip twice
+        clip = getattr(optimizer, "_grad_clip", None) if getattr(optimizer, "hybrid_clip", None) is None else None
         if clip is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)
@@ -252,16 +253,14 @@ class PipelineParallel(nn.Module):
         """Paddle's ``optimizer._grad_clip`` (its HybridParallelClipGrad for the global norm).
 
         ``ClipGradByGlobalNorm``: the norm over the whole model, each parameter counted once (a shared weight
-        only on the first stage holding it; data-parallel replicas hold equal, averaged gradients), summed over
+        only where ``is_firstly_shared``; data-parallel replicas hold equal, averaged gradients), summed over
         the pipeline group. Per-tensor clippers (by norm, by value) apply here as they are.
         """
         params = [p for p in self._layers.parameters() if p.grad is not None]
         if type(clip).__name__ != "ClipGradByGlobalNorm":
             clip(params)
             return
-        not_first = {id(self._layers._shared_weight(k)) for k, c in self._layers.shared_comm.items()
-                     if td.get_rank() != min(c["ranks"])}
-        counted = [p.grad.float() for p in params if id(p) not in not_first]
+        counted = [p.grad.float() for p in params if getattr(p, "is_firstly_shared", True)]
         sq = torch.stack([g.square().sum() for g in counted]).sum() if counted else \
             torch.zeros((), device=self._stage.device)
         td.all_reduce(sq, group=self.pp_group)

@@ -1,0 +1,88 @@
+"""Gradient clipping by global norm across a hybrid mesh (Paddle's ``HybridParallelClipGrad``).
+
+# Note [hybrid global norm]
+The global norm must count every parameter of the full model once. Under tensor parallelism a slice
+(``split_axis``) is distinct on each mp rank, a replicated parameter is the same on every mp rank; under
+pipeline parallelism each stage holds its own parameters; data-parallel replicas hold identical (averaged)
+gradients. So: the slices' squared sums are added over the check group (mp × pp × sep of one dp replica),
+the replicated ones' over the pipe group only, and nothing is added over dp. Every rank then scales by the
+same coefficient, torch's ``clip_grad_norm_`` rule ``min(1, clip_norm / (norm + 1e-6))``.
+
+Example::
+
+    norm = clip_grad_norm_hybrid(model.parameters(), 1.0, fleet.get_hybrid_communicate_group())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from .mp_layers import is_split
+from .mp_ops import group_size
+
+__all__ = ["global_norm_hybrid", "clip_grad_norm_hybrid", "HybridParallelClipGrad", "grad_clip_norm_of"]
+
+
+def _sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if not grads:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+
+
+def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
+    """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
+    params = [p for p in params if p.grad is not None]
+    device = params[0].grad.device if params else torch.device("cpu")
+    split = _sq([p.grad for p in params if is_split(p)], device)
+    replicated = _sq([p.grad for p in params if not is_split(p)], device)
+    check, pipe = hcg.get_check_parallel_group(), hcg.get_pipe_parallel_group()
+    if check is not None and group_size(check) > 1:
+        tdist.all_reduce(split, group=check)
+    if pipe is not None and group_size(pipe) > 1:
+        tdist.all_reduce(replicated, group=pipe)
+    return (split + replicated).sqrt()
+
+
+def clip_grad_norm_hybrid(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
+    """Scale every gradient by ``min(1, clip_norm / (global_norm + 1e-6))``; returns the global norm."""
+    params = [p for p in params if p.grad is not None]
+    norm = global_norm_hybrid(params, hcg)
+    coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
+    with torch.no_grad():
+        for p in params:
+            p.grad.mul_(coef.to(p.grad.dtype))
+    return norm
+
+
+def grad_clip_norm_of(clip: Any) -> float | None:
+    """``clip_norm`` of a Paddle-style ``ClipGradByGlobalNorm`` (duck-typed: the trainer's or Paddle's), else None."""
+    if clip is None or "GlobalNorm" not in type(clip).__name__:
+        return None
+    norm = getattr(clip, "clip_norm", None)
+    return float(norm) if norm is not None else None
+
+
+class HybridParallelClipGrad:
+    """Paddle's class: wraps a ``ClipGradByGlobalNorm`` to clip across the hybrid mesh; ``last_norm`` is the
+    global norm of the last call.
+
+    Example::
+
+        clip = HybridParallelClipGrad(ClipGradByGlobalNorm(1.0), hcg)
+        clip(model.parameters())
+    """
+
+    def __init__(self, clip: Any, hcg: Any) -> None:
+        norm = grad_clip_norm_of(clip) if not isinstance(clip, (int, float)) else float(clip)
+        if norm is None:
+            raise TypeError(f"HybridParallelClipGrad needs a ClipGradByGlobalNorm (or a number), got "
+                            f"{type(clip).__name__}")
+        self.clip_norm, self.hcg, self.last_norm = norm, hcg, None
+
+    def __call__(self, params: Iterable[torch.Tensor]) -> torch.Tensor:
+        self.last_norm = clip_grad_norm_hybrid(params, self.clip_norm, self.hcg)
+        return self.last_norm

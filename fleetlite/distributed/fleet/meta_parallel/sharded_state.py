@@ -1,0 +1,66 @@
+"""Reshardable checkpoints of tensor-parallel models: their state as ``DTensor`` shards for
+``torch.distributed.checkpoint`` (DCP).
+
+A tensor-parallel slice (Note [tensor-parallel parameters]) becomes ``DTensor.from_local(slice, mesh,
+[Shard(split_axis)])`` on a 1-D mesh of its mp group, sharing the parameter's storage; replicated entries
+stay plain tensors (DCP writes them once). DCP then saves each slice with its offset in the full tensor, and
+loads into any layout: another mp degree, or a single-process model's plain full tensors.
+
+Example::
+
+    import torch.distributed.checkpoint as dcp
+    dcp.save(sharded_state_dict(model), checkpoint_id="ckpt")        # mp = 2
+    sd = sharded_state_dict(model); dcp.load(sd, checkpoint_id="ckpt"); load_sharded_state_dict(model, sd)
+    # single process: dcp.load(plain.state_dict(), ...) then plain.load_state_dict(...) gives the full weights
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .mp_layers import is_split
+
+__all__ = ["sharded_state_dict", "load_sharded_state_dict"]
+
+
+def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if id(group) not in cache:
+        cache[id(group)] = DeviceMesh.from_group(group, device_type)
+    return cache[id(group)]
+
+
+def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
+    """``model.state_dict()`` with every tensor-parallel slice as a ``DTensor`` shard (storage shared)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    meshes: dict[int, Any] = {}
+    out: dict[str, Any] = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.Tensor) and is_split(value):
+            mesh = _mesh_of(value.mp_group, meshes, value.device.type)
+            out[key] = DTensor.from_local(value.detach(), mesh, [Shard(value.split_axis)], run_check=False)
+        else:
+            out[key] = value.detach() if isinstance(value, torch.Tensor) else value
+    return out
+
+
+def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
+    """Copy a state from :func:`sharded_state_dict` (after ``dcp.load`` filled it) into ``model``'s tensors."""
+    from torch.distributed.tensor import DTensor
+
+    own = model.state_dict(keep_vars=True)
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise KeyError(f"the state lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}; pass the dict that "
+                       "sharded_state_dict(model) returned (and dcp.load filled)")
+    with torch.no_grad():
+        for key, target in own.items():
+            value = state[key]
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if isinstance(target, torch.Tensor) and local.data_ptr() != target.data_ptr():
+                target.copy_(local)

@@ -1,0 +1,130 @@
+"""Tensor parallel (mp = 2) and dp × mp (2 × 2) training through the fleet facade equals a single-process
+run of the same model from the same weights: parameters, losses and the clipped global gradient norm."""
+
+import pytest
+import torch
+from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff
+
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet import fleet as fleet_impl
+from fleetlite.distributed.fleet.meta_parallel import TensorParallel
+from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+STEPS, BATCH, CLIP = 5, 4, 0.3
+
+
+def _train(rank, world, degrees):
+    hcg = init_mp(degrees)
+    torch.manual_seed(0)
+    ref = RefModel()
+    model = TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)  # Paddle's grad_clip, read from the optimizer
+    opt = fleet.distributed_optimizer(opt)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    dp, dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
+    losses, ref_losses, norms, ref_norms = [], [], [], []
+    for ids, labels in data(STEPS, BATCH * dp):
+        part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
+        loss = model(ids[part], labels[part])
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        losses.append(loss.item())
+        norms.append(opt.hybrid_clip.last_norm.item())
+        ref_loss = ref(ids, labels)
+        ref_loss.backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item())
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    full_loss = torch.tensor(losses)
+    if dp > 1:  # the full batch's loss: the mean over the dp replicas' halves
+        torch.distributed.all_reduce(full_loss, group=hcg.get_data_parallel_group())
+        full_loss /= dp
+    loss_diff = (full_loss - torch.tensor(ref_losses)).abs().max().item()
+    return dict(param=max_param_diff(model, ref, hcg), loss=loss_diff,
+                norm=max(abs(a - b) for a, b in zip(norms, ref_norms)), norms=ref_norms,
+                kind=type(model).__name__, is_tp=isinstance(model, TensorParallel),
+                local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
+
+
+@pytest.mark.timeout(200)
+def test_mp2_trains_like_a_single_process():
+    for r in run(2, {"mp_degree": 2}):
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
+        assert max(r["norms"]) > CLIP  # clipping really happened
+        assert r["is_tp"] and r["local"] < r["total"]
+
+
+@pytest.mark.timeout(300)
+def test_dp2_mp2_trains_like_a_single_process_on_four_ranks():
+    for r in run(4, {"dp_degree": 2, "mp_degree": 2}):
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
+
+
+def run(world, degrees):
+    out = run_ranks(_train, world_size=world, args=(degrees,), timeout=280)
+    print({k: max(r[k] for r in out) for k in ("param", "loss", "norm")})
+    return out
+
+
+def _broadcast(rank, world):
+    init_mp({"mp_degree": 2})
+    torch.manual_seed(rank)  # every rank draws different weights
+    model = fleet.distributed_model(TPModel())
+    return {k: v for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
+    a, b = run_ranks(_broadcast, world_size=2, timeout=110)
+    for key in ("down.bias", "norm.weight", "norm.bias"):  # replicated: broadcast from the mp group's first rank
+        assert torch.equal(a[key], b[key]), key
+    for key in ("emb.weight", "up.weight", "down.weight", "head.weight"):  # slices: each rank keeps its own
+        assert not torch.equal(a[key], b[key]), key
+
+
+def _amp(rank, world):
+    import warnings
+
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
+    strategy.hybrid_configs = {"mp_degree": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float16 amp on a CPU
+        fleet.init(is_collective=True, strategy=strategy)
+        hcg = fleet.get_hybrid_communicate_group()
+        torch.manual_seed(0)
+        ref, model = RefModel(), TPModel()
+        copy_from(model, ref, hcg)
+        model = fleet.distributed_model(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)
+    opt = fleet.distributed_optimizer(opt)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    norms = []
+    for ids, labels in data(3, BATCH):
+        opt.minimize(model(ids, labels))  # scaled backward, unscale, hybrid clip, step
+        opt.clear_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            ref_loss = ref(ids, labels)
+        scaler.scale(ref_loss.float()).backward()
+        scaler.unscale_(ref_opt)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item()
+        scaler.step(ref_opt)
+        scaler.update()
+        ref_opt.zero_grad()
+        norms.append(abs(opt.hybrid_clip.last_norm.item() - ref_norm) / ref_norm)
+    return max_param_diff(model, ref, hcg), max(norms), opt.amp.scaler.get_scale()
+
+
+@pytest.mark.timeout(120)
+def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
+    for param, norm_rel, scale in run_ranks(_amp, world_size=2, timeout=110):
+        assert param <= 1e-3 and norm_rel <= 1e-3, (param, norm_rel)  # float16 compute on both sides (7e-5)
+        assert scale == 1024.0

@@ -6,17 +6,19 @@ two stages, inputs ``(x1, x2)`` and labels ``(y1,)``, SGD with a stepped learnin
 the single-process model's (Paddle asserts the same), here also the parameters, and with dp=2 x pp=2 on 4 ranks.
 """
 
+import pytest
 import torch
 from pipeline_models import copy_from, reference, tied_batch, tied_descs, tied_loss
 
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 BATCH, MICRO, STEPS = 8, 2, 5
 
 
-def _fleet_shared_weight(rank, world, dp, schedule_mode):
+def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": world // dp}
     strategy.pipeline_configs = {"accumulate_steps": BATCH // MICRO, "micro_batch_size": MICRO,
@@ -30,7 +32,10 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode):
     assert isinstance(model, PipelineParallel) and model.stage_id == hcg.get_stage_id()
     assert list(model.state_dict()) == list(stage.state_dict())  # keys by global layer index, as Paddle's
     assert len(list(model.parameters())) == len(list(stage.parameters()))
-    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+    if clip is not None:
+        inner._grad_clip = ClipGradByGlobalNorm(clip)  # Paddle's grad_clip=, read by fleet's optimizer
+    opt = fleet.distributed_optimizer(inner)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt.inner_opt, milestones=[2, 3, 4], gamma=2.0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
     ref_sched = torch.optim.lr_scheduler.MultiStepLR(ref_opt, milestones=[2, 3, 4], gamma=2.0)
@@ -42,6 +47,8 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode):
         losses = [tied_loss(ref(*xs), ys) for xs, ys in shards]
         ref_opt.zero_grad()
         torch.stack(losses).mean().backward()
+        if clip is not None:
+            assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
         ref_opt.step()
         ref_sched.step()
         d_loss = max(d_loss, abs(loss_b.item() - losses[hcg.get_data_parallel_rank()].item()))
@@ -58,6 +65,15 @@ def test_shared_weight_pp2_as_paddle():
 
 def test_shared_weight_dp2_pp2_fthenb():
     for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=4, args=(2, "FThenB"), timeout=240):
+        assert d_loss < 1e-5 and d_param < 1e-5
+
+
+@pytest.mark.xfail(strict=True, reason="meta_parallel/hybrid_clip.py (tp's) counts a shared weight once per stage: "
+                   "its replicated sum must skip parameters with is_firstly_shared False (the lead applies the "
+                   "one-line fix at merge, then drops this marker)")
+def test_fleet_optimizer_grad_clip_counts_shared_weight_once():
+    """fleet.distributed_optimizer's hybrid clip: the tied embedding, held by both stages, counts once."""
+    for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B", 0.05), timeout=120):
         assert d_loss < 1e-5 and d_param < 1e-5
 
 

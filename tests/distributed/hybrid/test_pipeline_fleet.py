@@ -54,7 +54,14 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
         d_loss = max(d_loss, abs(loss_b.item() - losses[hcg.get_data_parallel_rank()].item()))
     ref_state = ref.state_dict()
     d_param = max((t - ref_state[k]).abs().max().item() for k, t in stage.state_dict().items())
-    return d_loss, d_param, opt.get_lr()
+    # pp 2 -> 1: the stages' state dicts (keys by global layer index) merge into the whole model's
+    parts = [None] * world
+    torch.distributed.all_gather_object(parts, model.state_dict())
+    merged = {k: v for part in parts for k, v in part.items()}
+    whole = PipelineLayer(tied_descs(), num_stages=1, loss_fn=tied_loss)
+    whole.load_state_dict(merged)  # strict: every key present, none extra
+    d_merged = max((t - ref_state[k]).abs().max().item() for k, t in whole.state_dict().items())
+    return d_loss, max(d_param, d_merged), opt.get_lr()
 
 
 def test_shared_weight_pp2_as_paddle():

@@ -170,15 +170,17 @@ class PipelineParallel(nn.Module):
             raise ValueError("the PipelineLayer has no loss_fn; give PipelineLayer(..., loss_fn=...) to train or "
                              "to evaluate with compute_loss=True")
         n, size = self.accumulate_steps, self.micro_batch_size
+        # every stage checks the batch (all get [inputs, labels]): a bad size fails everywhere, never a hang
+        input_mbs = _split(inputs, n, size, "input")
+        label_mbs = _split(labels, n, size, "label") if compute_loss else []
         kw: dict[str, Any] = {}
         if self.is_pipeline_first_stage:
-            mbs = _split(inputs, n, size, "input")
-            kw["arg_mbs"] = [m if isinstance(m, tuple) else (m,) for m in mbs]
+            kw["arg_mbs"] = [tuple(m) if isinstance(m, (tuple, list)) else (m,) for m in input_mbs]
         self._mb_losses = {}
         if self.is_pipeline_last_stage and compute_loss:
             # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
             # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
-            self._label_mbs = _split(labels, n, size, "label")
+            self._label_mbs = label_mbs
             kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
         schedule = self._schedule(compute_loss)
         out = schedule.step(**kw) if train else schedule.eval(**kw)

@@ -102,6 +102,14 @@ def test_pp2_equals_single_process(kind, schedule):
         assert sum(r["local"] for r in results) == results[0]["total"]
 
 
+@pytest.mark.parametrize("schedule", ["1F1B", "FThenB"])
+def test_pp4_equals_single_process(schedule):
+    """Four stages, one layer each: the tied weight is shared by the first and the last stage only."""
+    results = run_ranks(_parity, world_size=4, args=("tied", schedule, 4), timeout=240)
+    for r in results:
+        assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL and r["out"] < TOL, results
+
+
 def test_dp2_pp2_equals_single_process():
     results = run_ranks(_parity, world_size=4, args=("tied", "1F1B", 2), timeout=240)
     for r in results:

@@ -137,3 +137,34 @@ def test_single_process_layers_are_plain_layers(clean_dist_env):
                 pass
     finally:
         fleet_impl._reset()
+
+
+def test_paddles_mpu_import_path_names_the_same_objects():
+    from fleetlite.distributed.fleet.layers import mpu
+
+    assert mpu.ColumnParallelLinear is fleet.meta_parallel.ColumnParallelLinear
+    assert mpu.get_rng_state_tracker() is fleet.meta_parallel.get_rng_state_tracker()
+    assert mpu.mp_ops._c_identity is fleet.meta_parallel.mp_ops._c_identity
+
+
+def _tied(rank, world):
+    hcg = init_mp({"mp_degree": 2})
+    torch.manual_seed(0)
+    ref = nn.Embedding(10, 4)
+    emb = mpu.VocabParallelEmbedding(10, 4)
+    head = mpu.ColumnParallelLinear(4, 10, gather_output=False)
+    head.weight = emb.weight  # tied: both hold this rank's rows of the vocabulary, [10 / mp, 4]
+    with torch.no_grad():
+        emb.weight.copy_(local_slice(ref.weight, emb.weight, hcg))
+    ids = torch.randint(0, 10, (3, 5))
+    loss = mpu.ParallelCrossEntropy()(head(emb(ids)), ids).mean()
+    loss.backward()
+    ref_loss = F.cross_entropy(F.linear(ref(ids), ref.weight).flatten(0, 1), ids.flatten())
+    ref_loss.backward()
+    return max(_diff(loss, ref_loss), _diff(emb.weight.grad, local_slice(ref.weight.grad, emb.weight, hcg)))
+
+
+@pytest.mark.timeout(120)
+def test_tied_embedding_and_head_share_one_slice_and_its_gradient():
+    for diff in run_ranks(_tied, world_size=2, timeout=110):
+        assert diff <= 1e-5, diff

@@ -6,9 +6,15 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from tp_models import RefModel, TPModel, init_mp
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from tp_models import RefModel, TPModel, copy_from, data, init_mp
 
-from fleetlite.distributed.fleet.meta_parallel import load_sharded_state_dict, sharded_state_dict
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet.meta_parallel import (
+    load_sharded_state_dict,
+    sharded_optimizer_state_dict,
+    sharded_state_dict,
+)
 from fleetlite.testing import run_ranks
 
 
@@ -46,3 +52,69 @@ def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
     assert torch.equal(plain.emb.weight, emb) and torch.equal(plain.down.weight, down)
     assert torch.equal(plain.down.bias, full[0]["down.bias"]) and torch.equal(plain.norm.weight, full[1]["norm.weight"])
 
+
+
+def _load_full(rank, world, path):
+    hcg = init_mp({"mp_degree": 2})
+    model = TPModel()
+    state = sharded_state_dict(model)
+    dcp.load(state, checkpoint_id=path)  # mp = 1 -> 2: each rank reads its slice of the full tensors
+    load_sharded_state_dict(model, state)
+    return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
+
+
+@pytest.mark.timeout(200)
+def test_single_process_checkpoint_loads_into_mp2(tmp_path):
+    path = str(tmp_path / "full")
+    torch.manual_seed(5)
+    plain = RefModel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(plain.state_dict(), checkpoint_id=path, no_dist=True)
+    for state, rank in run_ranks(_load_full, world_size=2, args=(path,), timeout=190):
+        assert torch.equal(state["up.weight"], plain.up.weight.chunk(2, dim=0)[rank])
+        assert torch.equal(state["up.bias"], plain.up.bias.chunk(2)[rank])
+        assert torch.equal(state["down.weight"], plain.down.weight.chunk(2, dim=1)[rank])
+        assert torch.equal(state["emb.weight"], plain.emb.weight.chunk(2, dim=0)[rank])
+        assert torch.equal(state["down.bias"], plain.down.bias) and torch.equal(state["norm.weight"], plain.norm.weight)
+
+
+def _resume_source(rank, world, path):
+    hcg = init_mp({"mp_degree": 2})
+    torch.manual_seed(0)
+    ref = RefModel()
+    model = TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    batches = data(3, 4)
+    for i, (ids, labels) in enumerate(batches):
+        if i == 2:
+            dcp.save({"model": sharded_state_dict(model), "optim": sharded_optimizer_state_dict(model, opt)},
+                     checkpoint_id=path)
+        model(ids, labels).backward()
+        opt.step()
+        opt.clear_grad()
+    return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
+
+
+@pytest.mark.timeout(200)
+def test_mp2_training_resumes_in_one_process_from_its_checkpoint(tmp_path):
+    path = str(tmp_path / "resume")
+    out = run_ranks(_resume_source, world_size=2, args=(path,), timeout=190)
+    ref = RefModel()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    state = {"model": ref.state_dict(), "optim": get_optimizer_state_dict(ref, opt)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=path, no_dist=True)  # mp 2 -> 1, the AdamW moments included
+    ref.load_state_dict(state["model"])
+    set_optimizer_state_dict(ref, opt, state["optim"])
+    ids, labels = data(3, 4)[2]
+    ref(ids, labels).backward()
+    opt.step()
+    for local, rank in out:
+        for name, p in ref.named_parameters():
+            axis = {"emb.weight": 0, "up.weight": 0, "up.bias": 0, "head.weight": 0, "down.weight": 1}.get(name)
+            expected = p.detach() if axis is None else p.detach().chunk(2, dim=axis)[rank]
+            assert (local[name] - expected).abs().max().item() <= 1e-6, name

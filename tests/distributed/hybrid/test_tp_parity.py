@@ -128,3 +128,35 @@ def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
     for param, norm_rel, scale in run_ranks(_amp, world_size=2, timeout=110):
         assert param <= 1e-3 and norm_rel <= 1e-3, (param, norm_rel)  # float16 compute on both sides (7e-5)
         assert scale == 1024.0
+
+
+def _merge(rank, world):
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": 2, "avg": True})
+    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    torch.manual_seed(0)
+    ref, model = RefModel(), TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    batches = data(4, BATCH * 2)
+    dp_rank = hcg.get_data_parallel_rank()
+    for ids, labels in batches:  # 4 micro-batches: 2 optimizer steps
+        part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
+        model(ids[part], labels[part]).backward()
+        opt.step()
+        opt.clear_grad()
+    for i in (0, 2):
+        ((ref(*batches[i]) + ref(*batches[i + 1])) / 2).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return max_param_diff(model, ref, hcg)
+
+
+@pytest.mark.timeout(300)
+def test_dp2_mp2_gradient_merge_equals_a_single_process_on_four_ranks():
+    for diff in run_ranks(_merge, world_size=4, timeout=280):
+        assert diff <= 1e-5, diff

@@ -18,12 +18,18 @@ from typing import Any
 from .mp_layers import ColumnParallelLinear, ParallelCrossEntropy, RowParallelLinear, VocabParallelEmbedding, is_split
 from .pipeline import LayerDesc, PipelineLayer, SegmentLayers, SharedLayerDesc
 from .random import RNGStatesTracker, get_rng_state_tracker, model_parallel_random_seed
-from .sharded_state import load_sharded_state_dict, sharded_state_dict
+from .sharded_state import (
+    load_sharded_optimizer_state_dict,
+    load_sharded_state_dict,
+    sharded_optimizer_state_dict,
+    sharded_state_dict,
+)
 from .tensor_parallel import TensorParallel
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
            "get_rng_state_tracker", "model_parallel_random_seed", "RNGStatesTracker", "TensorParallel", "is_split",
-           "sharded_state_dict", "load_sharded_state_dict",
+           "sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
+           "load_sharded_optimizer_state_dict",
            "LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel"]
 
 

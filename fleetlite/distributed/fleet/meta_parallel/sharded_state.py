@@ -12,6 +12,7 @@ Example::
     dcp.save(sharded_state_dict(model), checkpoint_id="ckpt")        # mp = 2
     sd = sharded_state_dict(model); dcp.load(sd, checkpoint_id="ckpt"); load_sharded_state_dict(model, sd)
     # single process: dcp.load(plain.state_dict(), ...) then plain.load_state_dict(...) gives the full weights
+    osd = sharded_optimizer_state_dict(model, opt)     # the optimizer alike (torch's FQN-keyed format)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch.nn as nn
 
 from .mp_layers import is_split
 
-__all__ = ["sharded_state_dict", "load_sharded_state_dict"]
+__all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
+           "load_sharded_optimizer_state_dict"]
 
 
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
@@ -64,3 +66,45 @@ def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
             local = value.to_local() if isinstance(value, DTensor) else value
             if isinstance(target, torch.Tensor) and local.data_ptr() != target.data_ptr():
                 target.copy_(local)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    return getattr(model, "_layers", model)  # TensorParallel / DataParallel: the user's module, its own names
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "inner_opt", optimizer)  # fleet.DistributedOptimizer: the optimizer that steps
+
+
+def sharded_optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The optimizer state in torch's FQN-keyed format (``get_optimizer_state_dict``), each state tensor of a
+    tensor-parallel slice (e.g. AdamW's ``exp_avg``) as a ``DTensor`` shard like the parameter, so DCP saves and
+    reshards it with the model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.tensor import DTensor, Shard
+
+    module = _unwrapped(model)
+    osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=StateDictOptions(full_state_dict=False))
+    params = dict(module.named_parameters())
+    meshes: dict[int, Any] = {}
+    for fqn, entry in list(osd["state"].items()):
+        p = params.get(fqn)
+        if p is None or not is_split(p):
+            continue
+        mesh = _mesh_of(p.mp_group, meshes, p.device.type)
+        osd["state"][fqn] = {  # a new dict: torch's entries may be the optimizer's own
+            name: DTensor.from_local(value, mesh, [Shard(p.split_axis)], run_check=False)
+            if isinstance(value, torch.Tensor) and value.shape == p.shape else value
+            for name, value in entry.items()}
+    return osd
+
+
+def load_sharded_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Load a state from :func:`sharded_optimizer_state_dict` (after ``dcp.load`` filled it) into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    from torch.distributed.tensor import DTensor
+
+    local = {"state": {fqn: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in entry.items()}
+                       for fqn, entry in state["state"].items()},
+             "param_groups": state["param_groups"]}
+    set_optimizer_state_dict(_unwrapped(model), _torch_optimizer(optimizer), local)

@@ -1,5 +1,6 @@
 """mp=2 x pp=2 on 4 ranks: tensor-parallel layers inside pipeline stages equal a single process (AdamW steps)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +16,7 @@ from fleetlite.distributed.fleet.meta_parallel import (
     is_split,
 )
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 HIDDEN, ROWS, MICRO, STEPS = 12, 8, 2, 4
 
@@ -51,7 +53,7 @@ def _descs(tp):
             LayerDesc(nn.Linear, WIDTH, VOCAB, bias=False)]
 
 
-def _mp_pp(rank, world):
+def _mp_pp(rank, world, clip=None):
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 2}
     strategy.pipeline_configs = {"accumulate_steps": ROWS // MICRO, "micro_batch_size": MICRO}
@@ -68,6 +70,8 @@ def _mp_pp(rank, world):
     model = fleet.distributed_model(stage)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
+    if clip is not None:
+        opt._grad_clip = ClipGradByGlobalNorm(clip)  # Paddle's grad_clip= on a plain optimizer
     d_loss = 0.0
     g = torch.Generator().manual_seed(3)
     for _ in range(STEPS):
@@ -76,12 +80,16 @@ def _mp_pp(rank, world):
         ref_opt.zero_grad()
         ref_loss = _loss(ref(x), y)
         ref_loss.backward()
+        if clip is not None:
+            assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
         ref_opt.step()
         d_loss = max(d_loss, abs(loss.item() - ref_loss.item()))
     d_param = max((p - local_slice(ref_params[n], p, hcg)).abs().max().item() for n, p in stage.named_parameters())
     return d_loss, d_param
 
 
-def test_mp2_pp2_equals_single_process():
-    for d_loss, d_param in run_ranks(_mp_pp, world_size=4, timeout=240):
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_mp2_pp2_equals_single_process(clip):
+    """With ``clip``: the global norm counts each slice once across mp and each stage's parameters once."""
+    for d_loss, d_param in run_ranks(_mp_pp, world_size=4, kwargs={"clip": clip}, timeout=240):
         assert d_loss < 1e-5 and d_param < 1e-5

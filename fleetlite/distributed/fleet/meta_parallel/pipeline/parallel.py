@@ -262,6 +262,11 @@ class PipelineParallel(nn.Module):
         if type(clip).__name__ != "ClipGradByGlobalNorm":
             clip(params)
             return
+        if self._hcg is not None and self._hcg.get_model_parallel_world_size() > 1:  # slices: Note [hybrid global norm]
+            from ..hybrid_clip import clip_grad_norm_hybrid
+
+            clip_grad_norm_hybrid(params, float(clip.clip_norm), self._hcg)
+            return
         counted = [p.grad.float() for p in params if getattr(p, "is_firstly_shared", True)]
         sq = torch.stack([g.square().sum() for g in counted]).sum() if counted else \
             torch.zeros((), device=self._stage.device)

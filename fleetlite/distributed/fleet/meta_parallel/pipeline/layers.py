@@ -182,12 +182,16 @@ class PipelineLayer(nn.Module):
 
     def __init__(self, layers: Sequence[Any], num_stages: int | None = None, topology: Any | None = None,
                  loss_fn: Callable[..., torch.Tensor] | None = None, seg_method: str = "uniform",
-                 recompute_interval: int = 0, recompute_ctx: Any = None, num_virtual_pipeline_stages: int | None = None,
-                 **kwargs: Any) -> None:
+                 recompute_interval: int = 0, recompute_ctx: dict[str, Any] | None = None,
+                 num_virtual_pipeline_stages: int | None = None) -> None:
         super().__init__()
         if num_virtual_pipeline_stages not in (None, 1):
             raise NotImplementedError("num_virtual_pipeline_stages (interleaved pipeline) is not supported; leave it "
                                       "None")
+        ctx = {k: v for k, v in (recompute_ctx or {}).items() if k in ("offload", "partition") and v}
+        if ctx:
+            raise NotImplementedError(f"recompute_ctx {sorted(ctx)} (activation offload/partition) is not supported; "
+                                      "recompute_interval alone recomputes inside each stage")
         self._layers_desc = list(layers)
         if num_stages and len(self._layers_desc) < num_stages:
             raise ValueError(f"the pipeline has {len(self._layers_desc)} layer(s) for {num_stages} stages: every "

@@ -28,6 +28,7 @@ from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .base import topology as _topology
 from .context import get_strategy
+from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
 from .recompute import apply_recompute, resolve_checkpoints
 from .strategy import DistributedStrategy
@@ -235,6 +236,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if isinstance(model, (DataParallelBase, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
+    if isinstance(model, PipelineLayer):
+        return _pipeline_model(model, strategy)
     if strategy.recompute:  # validate the names before changing anything
         resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
     if strategy.sync_batch_norm:
@@ -264,6 +267,25 @@ def distributed_model(model: nn.Module) -> nn.Module:
         if any(id(p) in params or getattr(wrapped, "replaces", lambda _: False)(p) for p in opt_params):
             opt.attach_model(wrapped)
     return wrapped
+
+
+def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.Module:
+    """A PipelineLayer becomes a PipelineParallel (hybrid_configs pp_degree > 1, matching its stages)."""
+    from .meta_parallel.pipeline.parallel import PipelineParallel  # torch.distributed.pipelining: only when used
+
+    pp = strategy.hybrid_configs["pp_degree"]
+    if pp <= 1:
+        raise ValueError(f"fleet.distributed_model got a PipelineLayer but hybrid_configs['pp_degree'] is {pp} (data "
+                         f"parallel); set strategy.hybrid_configs = {{'pp_degree': {model.get_num_stages()}, ...}}")
+    if pp != model.get_num_stages():
+        raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
+                         f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
+    unsupported = [f for f in ("amp", "recompute", "sync_batch_norm") if getattr(strategy, f)]
+    if unsupported:
+        raise NotImplementedError(f"strategy {unsupported} with a PipelineLayer is not supported yet; turn them off "
+                                  "(recompute: PipelineLayer(..., recompute_interval=N) recomputes inside stages)")
+    # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
+    return PipelineParallel(model, hcg=get_hybrid_communicate_group(), strategy=strategy)
 
 
 def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:

@@ -1,5 +1,8 @@
 """Paddle's ``fleet.meta_parallel``: tensor-parallel layers, the model-parallel random states and
-``TensorParallel`` (what ``fleet.distributed_model`` returns with ``hybrid_configs['mp_degree'] > 1``).
+``TensorParallel`` (what ``fleet.distributed_model`` returns with ``hybrid_configs['mp_degree'] > 1``); pipeline
+parallelism: ``LayerDesc``, ``SharedLayerDesc``, ``PipelineLayer`` and ``PipelineParallel`` (``pp_degree > 1``).
+
+``PipelineParallel`` is imported on first use: ``torch.distributed.pipelining`` takes about a second to import.
 
 Example::
 
@@ -10,7 +13,10 @@ Example::
     loss = fleet.meta_parallel.ParallelCrossEntropy()(head(x), labels).mean()
 """
 
+from typing import Any
+
 from .mp_layers import ColumnParallelLinear, ParallelCrossEntropy, RowParallelLinear, VocabParallelEmbedding, is_split
+from .pipeline import LayerDesc, PipelineLayer, SegmentLayers, SharedLayerDesc
 from .random import RNGStatesTracker, get_rng_state_tracker, model_parallel_random_seed
 from .sharded_state import (
     load_sharded_optimizer_state_dict,
@@ -23,4 +29,13 @@ from .tensor_parallel import TensorParallel
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
            "get_rng_state_tracker", "model_parallel_random_seed", "RNGStatesTracker", "TensorParallel", "is_split",
            "sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
-           "load_sharded_optimizer_state_dict"]
+           "load_sharded_optimizer_state_dict",
+           "LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PipelineParallel":  # torch.distributed.pipelining is imported on first use (about a second)
+        from .pipeline.parallel import PipelineParallel
+
+        return PipelineParallel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

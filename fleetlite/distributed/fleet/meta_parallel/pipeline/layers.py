@@ -1,0 +1,308 @@
+"""Paddle's pipeline model description: ``LayerDesc``, ``SharedLayerDesc``, ``SegmentLayers``, ``PipelineLayer``.
+
+A :class:`PipelineLayer` is given the whole model as a list of layer
+descriptions and builds only the layers of this rank's stage, so a model
+that no single device holds can be described in one place. Segmentation
+follows Paddle (``seg_method="uniform"`` or ``"layer:ClassName"``).
+
+Note [pipeline rank layout]: without a topology the ranks are laid out as
+Paddle's default ``CommunicateTopology(["data", "pipe", "model"], [dp, pp, 1])``:
+rank ``r`` is stage ``r % pp`` of pipeline ``r // pp``. With a topology (or a
+``HybridCommunicateGroup``'s) its ``get_coord(rank).pipe`` and
+``get_comm_list("pipe")`` decide. Every rank creates every group in the same
+order (``new_group`` is collective).
+
+Example (2 ranks, each builds one of the two ``Linear`` layers)::
+
+    from torch import nn
+    from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+
+    model = PipelineLayer([LayerDesc(nn.Linear, 8, 8), nn.ReLU(), LayerDesc(nn.Linear, 8, 2)],
+                          num_stages=2, loss_fn=nn.CrossEntropyLoss())
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as td
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+logger = logging.getLogger("fleetlite")
+
+__all__ = ["LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer"]
+
+
+class LayerDesc:
+    """A layer not built yet: ``layer_class(*inputs, **kwargs)``, built only on the stage that runs it."""
+
+    def __init__(self, layer_func: type[nn.Module], *inputs: Any, **kwargs: Any) -> None:
+        if not (isinstance(layer_func, type) and issubclass(layer_func, nn.Module)):
+            raise TypeError(f"LayerDesc needs a torch.nn.Module subclass, got {layer_func!r}")
+        self.layer_func = layer_func
+        self.inputs = inputs
+        self.kwargs = kwargs
+
+    def build_layer(self) -> nn.Module:
+        return self.layer_func(*self.inputs, **self.kwargs)
+
+    def __repr__(self) -> str:
+        args = [repr(a) for a in self.inputs] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{self.layer_func.__name__}({', '.join(args)})"
+
+
+class SharedLayerDesc(LayerDesc):
+    """A layer shared by several positions of the model (e.g. the embedding and the tied output head).
+
+    Every position with the same ``key`` uses one layer; on different stages
+    the copies start from the first stage's weight and the gradient of
+    ``shared_weight_attr`` is summed across them after backward, so they
+    stay equal. ``forward_func(layer, x)`` replaces ``layer(x)`` at that position.
+    """
+
+    def __init__(self, key: str, layer_func: type[nn.Module], forward_func: Callable[..., Any] | None = None,
+                 shared_weight_attr: str = "weight", *inputs: Any, **kwargs: Any) -> None:
+        super().__init__(layer_func, *inputs, **kwargs)
+        self.layer_name = key
+        self.forward_func = forward_func
+        self.shared_weight_attr = shared_weight_attr
+
+
+class SegmentLayers:
+    """Paddle's partition of ``len(layers_desc)`` layers into ``num_parts`` stages: boundaries, ``num_parts + 1``."""
+
+    def __init__(self, layers_desc: Sequence[Any], num_parts: int, method: str = "uniform") -> None:
+        self._layers_desc = list(layers_desc)
+        self.method = method
+        self.num_parts = num_parts
+        self.num_items = len(self._layers_desc)
+        if self.num_items < num_parts:
+            raise ValueError(f"the pipeline has {self.num_items} layer(s) for {num_parts} stages: every stage "
+                             "needs at least one layer; use fewer stages (pp_degree) or describe more layers")
+
+    def do_segment(self) -> list[int]:
+        if self.method == "uniform":
+            return self.uniform(self.num_items, self.num_parts)
+        if self.method.startswith("layer:"):
+            weights = [0] * self.num_items
+            for idx in self._gen_layer_weight(self.method.split(":", 1)[1]):
+                weights[idx] = 1
+            if sum(weights) % self.num_parts:
+                raise ValueError(f"seg_method={self.method!r} matches {sum(weights)} layer(s), which do not divide "
+                                 f"evenly into {self.num_parts} stages; use a layer count that is a multiple of "
+                                 "the stages or seg_method='uniform'")
+            part_size = sum(weights) // self.num_parts
+            result = [0] * (self.num_parts + 1)
+            counter, result_idx = 0, 1
+            for idx, weight in enumerate(weights):
+                counter += weight
+                if counter == part_size:
+                    result[result_idx] = idx + 1
+                    result_idx += 1
+                    counter = 0
+            result[self.num_parts] = self.num_items
+            return result
+        raise ValueError(f"unknown seg_method {self.method!r}: use 'uniform' or 'layer:ClassName'")
+
+    def _gen_layer_weight(self, layername: str) -> list[int]:
+        regex = re.compile(layername, re.IGNORECASE)
+        idxs = []
+        for idx, layer in enumerate(self._layers_desc):
+            if isinstance(layer, LayerDesc):
+                name = layer.layer_func.__name__
+            elif isinstance(layer, nn.Module):
+                name = type(layer).__name__
+            else:
+                name = getattr(layer, "__name__", None)
+            if name is not None and regex.search(name):
+                idxs.append(idx)
+        if not idxs:
+            raise ValueError(f"seg_method='layer:{layername}' matches no layer of the pipeline; name a layer class "
+                             "that appears in the layers list")
+        return idxs
+
+    def uniform(self, num_items: int, num_parts: int) -> list[int]:
+        """Equal parts; the remainder goes one layer each to the last stages (as Paddle)."""
+        result = [0] * (num_parts + 1)
+        part_size = math.floor(num_items / num_parts)
+        extra = num_items % num_parts
+        for i in range(1, num_parts):
+            offset = 1 if i > (num_parts - extra) else 0
+            result[i] = int(min(result[i - 1] + part_size + offset, num_items))
+        result[num_parts] = num_items
+        return result
+
+
+@dataclass
+class StageLayout:
+    """Where this rank sits in the pipelines: its stage, and every pipeline's ranks ordered by stage."""
+
+    stage_id: int
+    num_stages: int
+    pipelines: list[list[int]]  # one list per pipeline (data/model/sharding coordinate), ranks by stage
+
+    @classmethod
+    def resolve(cls, num_stages: int | None, topology: Any | None) -> StageLayout:
+        rank, world = (td.get_rank(), td.get_world_size()) if td.is_initialized() else (0, 1)
+        if topology is not None:  # Paddle's CommunicateTopology (duck-typed)
+            pp = topology.get_dim_size("pipe") if hasattr(topology, "get_dim_size") else topology.get_dim("pipe")
+            if num_stages and num_stages != pp:
+                raise ValueError(f"num_stages={num_stages} but the topology has {pp} pipeline stages; "
+                                 "pass one or make them agree")
+            return cls(topology.get_coord(rank).pipe, pp, [list(r) for r in topology.get_comm_list("pipe")])
+        if not num_stages:
+            raise ValueError("PipelineLayer needs num_stages or topology (e.g. topology=hcg.topology())")
+        if world % num_stages:
+            raise ValueError(f"num_stages={num_stages} does not divide the world size {world}; use a number of "
+                             "stages that divides the number of ranks")
+        pipelines = [[d * num_stages + s for s in range(num_stages)] for d in range(world // num_stages)]
+        return cls(rank % num_stages, num_stages, pipelines)
+
+
+class PipelineLayer(nn.Module):
+    """Paddle's ``PipelineLayer``: this rank's stage of a model given as a list of layers and layer descriptions.
+
+    ``layers`` holds :class:`LayerDesc` / :class:`SharedLayerDesc` (built only
+    on their stage), modules and plain callables. ``loss_fn(output, label)``
+    runs on the last stage (``label`` as given to ``train_batch``).
+    ``recompute_interval > 0`` checkpoints every that many layers. Sublayers
+    are named by their global index (``"3"``) and shared ones
+    ``shared_layers.<key>``, so a state dict names the same weight alike on
+    every degree. Give it to ``fleet.distributed_model`` with ``pp_degree > 1``
+    for a :class:`~.parallel.PipelineParallel`.
+    """
+
+    def __init__(self, layers: Sequence[Any], num_stages: int | None = None, topology: Any | None = None,
+                 loss_fn: Callable[..., torch.Tensor] | None = None, seg_method: str = "uniform",
+                 recompute_interval: int = 0, recompute_ctx: dict[str, Any] | None = None,
+                 num_virtual_pipeline_stages: int | None = None) -> None:
+        super().__init__()
+        if num_virtual_pipeline_stages not in (None, 1):
+            raise NotImplementedError("num_virtual_pipeline_stages (interleaved pipeline) is not supported; leave it "
+                                      "None")
+        ctx = {k: v for k, v in (recompute_ctx or {}).items() if k in ("offload", "partition") and v}
+        if ctx:
+            raise NotImplementedError(f"recompute_ctx {sorted(ctx)} (activation offload/partition) is not supported; "
+                                      "recompute_interval alone recomputes inside each stage")
+        self._layers_desc = list(layers)
+        if num_stages and len(self._layers_desc) < num_stages:
+            raise ValueError(f"the pipeline has {len(self._layers_desc)} layer(s) for {num_stages} stages: every "
+                             "stage needs at least one layer; use fewer stages (pp_degree) or describe more layers")
+        self._loss_fn = loss_fn
+        self._topo = topology
+        self._recompute_interval = int(recompute_interval)
+        self._layout = StageLayout.resolve(num_stages, topology)
+        self._stage_id, self._num_stages = self._layout.stage_id, self._layout.num_stages
+        self._num_layers = len(self._layers_desc)
+        self.segment_parts = SegmentLayers(self._layers_desc, self._num_stages, seg_method).do_segment()
+        self._start_pos = self.segment_parts[self._stage_id]
+        self._end_pos = self.segment_parts[self._stage_id + 1]
+        self.shared_layers = nn.ModuleDict()
+        self.shared_weight_attrs: dict[str, str] = {}
+        self.run_function: list[Callable[..., Any]] = []
+        self._build_layer()
+        self.shared_comm = self._construct_shared_comm()
+        self._synchronize_shared_weights()
+
+    def get_stage_from_index(self, layer_idx: int) -> int:
+        if not 0 <= layer_idx < self._num_layers:
+            raise IndexError(f"layer index {layer_idx} is out of range [0, {self._num_layers})")
+        return next(s for s in range(self._num_stages)
+                    if self.segment_parts[s] <= layer_idx < self.segment_parts[s + 1])
+
+    def _build_layer(self) -> None:
+        for index, layer in enumerate(self._layers_desc[self._start_pos:self._end_pos], start=self._start_pos):
+            if isinstance(layer, SharedLayerDesc):
+                if layer.layer_name not in self.shared_layers:
+                    self.shared_layers[layer.layer_name] = layer.build_layer()
+                    self.shared_weight_attrs[layer.layer_name] = layer.shared_weight_attr
+                shared = self.shared_layers[layer.layer_name]
+                self.run_function.append(shared if layer.forward_func is None else partial(layer.forward_func, shared))
+            elif isinstance(layer, LayerDesc):
+                module = layer.build_layer()
+                self.add_module(str(index), module)
+                self.run_function.append(module)
+            elif isinstance(layer, nn.Module):
+                self.add_module(str(index), layer)
+                self.run_function.append(layer)
+            elif callable(layer):
+                self.run_function.append(layer)
+            else:
+                raise TypeError(f"pipeline layer {index} is {type(layer).__name__}: use a LayerDesc, a "
+                                "SharedLayerDesc, an nn.Module or a callable")
+
+    def _shared_weight(self, key: str) -> torch.Tensor:
+        return getattr(self.shared_layers[key], self.shared_weight_attrs[key])
+
+    def _construct_shared_comm(self) -> dict[str, dict[str, Any]]:
+        """One group per (shared key, pipeline) over the stages holding that key (Note [pipeline rank layout])."""
+        comm: dict[str, dict[str, Any]] = {}
+        if self._num_stages == 1:
+            return comm
+        keys = sorted({d.layer_name for d in self._layers_desc if isinstance(d, SharedLayerDesc)})
+        rank = td.get_rank()
+        for key in keys:
+            stages = sorted({self.get_stage_from_index(i) for i, d in enumerate(self._layers_desc)
+                             if isinstance(d, SharedLayerDesc) and d.layer_name == key})
+            if len(stages) < 2:
+                continue
+            for pipeline in self._layout.pipelines:
+                ranks = [pipeline[s] for s in stages]
+                group = td.new_group(ranks=ranks)
+                if rank in ranks:
+                    comm[key] = {"ranks": ranks, "group": group, "weight_attr": self.shared_weight_attrs[key],
+                                 "layer": self.shared_layers[key]}
+        return comm
+
+    @torch.no_grad()
+    def _synchronize_shared_weights(self) -> None:
+        """Start every copy from the first holder's weight; mark the others' parameters
+        ``is_firstly_shared = False`` (Paddle's attribute: a global norm counts a shared weight once)."""
+        for layer in self.shared_layers.values():
+            for p in layer.parameters():
+                p.is_firstly_shared = True
+        for key, c in self.shared_comm.items():
+            td.broadcast(self._shared_weight(key), src=min(c["ranks"]), group=c["group"])
+            for p in c["layer"].parameters():
+                p.is_firstly_shared = td.get_rank() == min(c["ranks"])
+
+    def allreduce_shared_weight_gradients(self) -> None:
+        """Sum the gradient of every shared weight across the stages that hold it (Paddle's name)."""
+        for key, c in self.shared_comm.items():
+            weight = self._shared_weight(key)
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            td.all_reduce(weight.grad, group=c["group"])
+
+    def forward_function(self, start: int, end: int) -> Callable[..., Any]:
+        def execute(*x: Any) -> Any:
+            out: Any = x[0] if len(x) == 1 else x
+            for layer in self.run_function[start:end]:
+                out = layer(out)
+            return out
+        return execute
+
+    def forward(self, *inputs: Any) -> Any:
+        """Run this stage's layers; several inputs reach the first layer as one tuple (as Paddle's)."""
+        if self._recompute_interval <= 0 or not torch.is_grad_enabled():
+            return self.forward_function(0, len(self.run_function))(*inputs)
+        out: Any = inputs
+        for start in range(0, len(self.run_function), self._recompute_interval):
+            end = min(start + self._recompute_interval, len(self.run_function))
+            args = out if isinstance(out, tuple) else (out,)
+            out = checkpoint(self.forward_function(start, end), *args, use_reentrant=False)
+        return out
+
+    def get_num_stages(self) -> int:
+        return self._num_stages
+
+    def get_stage_id(self) -> int:
+        return self._stage_id

@@ -1,0 +1,294 @@
+"""Paddle's ``PipelineParallel`` on ``torch.distributed.pipelining``: ``train_batch`` and ``eval_batch``.
+
+One :class:`~torch.distributed.pipelining.PipelineStage` per rank (its
+:class:`~.layers.PipelineLayer`), driven by ``Schedule1F1B`` (Paddle's
+default) or ``ScheduleGPipe`` (Paddle's ``FThenB``). A batch is cut into
+``accumulate_steps`` micro-batches of ``micro_batch_size`` rows
+(``strategy.pipeline_configs``) by us, so inputs and labels may be tensors or
+tuples of tensors (Paddle allows ``[(x1, x2), (y,)]``; torch's schedules
+split only tensors): the loss function gets each micro-batch's labels in the
+structure the user gave (Note [label micro-batches]).
+
+Note [pipeline gradients]: torch's schedule divides the gradients by the
+number of micro-batches (Paddle divides each micro-batch's loss by
+``accumulate_steps``: the same mean). After the schedule, shared weights'
+gradients are summed over the stages that share them, then every gradient is
+averaged over the data-parallel group, then the optimizer steps. The
+returned loss is the mean over micro-batches, broadcast from the last stage
+to every stage of the pipeline (as Paddle's ``_broadcast_final_loss``).
+
+Example (2 ranks; ``model`` a ``PipelineLayer`` with ``num_stages=2``)::
+
+    pp = PipelineParallel(model, strategy=strategy)
+    loss = pp.train_batch([x, y], optimizer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as td
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from .layers import PipelineLayer
+
+__all__ = ["PipelineParallel"]
+
+_SCHEDULES = {"1F1B": Schedule1F1B, "FThenB": ScheduleGPipe, "F-then-B": ScheduleGPipe}
+
+
+def _split(value: Any, n: int, size: int, what: str) -> list[Any]:
+    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple/list of tensors; other values repeat."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] != n * size:
+            raise ValueError(f"the {what} batch has {value.shape[0] if value.dim() else 0} rows but the pipeline "
+                             f"expects accumulate_steps * micro_batch_size = {n} * {size} = {n * size}; change "
+                             "the batch size or strategy.pipeline_configs")
+        return list(value.split(size))
+    if isinstance(value, (tuple, list)):
+        parts = [_split(v, n, size, what) for v in value]
+        return [type(value)(p[i] for p in parts) for i in range(n)]
+    return [value] * n
+
+
+def _group_ranks(group: Any) -> list[int]:
+    return td.get_process_group_ranks(group) if group is not None else list(range(td.get_world_size()))
+
+
+class PipelineParallel(nn.Module):
+    """Paddle's ``PipelineParallel``: what ``fleet.distributed_model`` returns for a :class:`PipelineLayer`.
+
+    ``hcg``: a ``HybridCommunicateGroup`` (its pipe and data groups are used);
+    ``None`` lays the ranks out as the layer's topology or Paddle's default
+    (Note [pipeline rank layout]). ``strategy``: a ``DistributedStrategy``
+    (``pipeline_configs``: ``accumulate_steps``, ``micro_batch_size``,
+    ``schedule_mode`` "1F1B" or "FThenB"/"F-then-B"), or pass
+    ``accumulate_steps`` / ``micro_batch_size`` / ``schedule`` directly.
+    """
+
+    def __init__(self, layers: PipelineLayer, hcg: Any = None, strategy: Any = None, *,
+                 accumulate_steps: int | None = None, micro_batch_size: int | None = None,
+                 schedule: str | None = None) -> None:
+        super().__init__()
+        if not isinstance(layers, PipelineLayer):
+            raise TypeError(f"PipelineParallel needs a PipelineLayer, got {type(layers).__name__}; describe the "
+                            "model as PipelineLayer([LayerDesc(...), ...], num_stages=...)")
+        if not td.is_initialized():
+            raise RuntimeError("PipelineParallel needs a process group; call fleet.init(is_collective=True, "
+                               "strategy=...) first")
+        cfg = dict(strategy.pipeline_configs) if strategy is not None else {}
+        self.accumulate_steps = int(accumulate_steps or cfg.get("accumulate_steps", 1))
+        self.micro_batch_size = int(micro_batch_size or cfg.get("micro_batch_size", 1))
+        mode = schedule or cfg.get("schedule_mode", None) or "1F1B"
+        if mode not in _SCHEDULES:
+            raise ValueError(f"pipeline schedule_mode {mode!r} is not supported (VPP needs virtual stages); use "
+                             f"one of {sorted(_SCHEDULES)}")
+        self.schedule_mode = mode
+        self._layers = layers
+        self._hcg = hcg
+        self.num_stages = layers.get_num_stages()
+        self.stage_id = layers.get_stage_id()
+        self.is_pipeline_first_stage = self.stage_id == 0
+        self.is_pipeline_last_stage = self.stage_id == self.num_stages - 1
+        self.pp_group, self.dp_group = self._groups(hcg, layers)
+        self._last_rank = _group_ranks(self.pp_group)[-1]
+        device = next((p.device for p in layers.parameters()), torch.device("cpu"))
+        self._stage = PipelineStage(layers, self.stage_id, self.num_stages, device, group=self.pp_group)
+        self._broadcast_dp_replicas()
+        self._schedules: dict[str, Any] = {}
+        self._label_mbs: list[Any] = []
+        self._mb_losses: dict[int, torch.Tensor] = {}  # unscaled, by micro-batch
+        self._scaler: Any = None  # the GradScaler of the train_batch in progress
+
+    @staticmethod
+    def _groups(hcg: Any, layers: PipelineLayer) -> tuple[Any, Any]:
+        """(pipe group, data group or None); without hcg every rank creates every group (collective)."""
+        if hcg is not None:
+            if hcg.get_stage_id() != layers.get_stage_id() or hcg.get_pipe_parallel_world_size() != \
+                    layers.get_num_stages():
+                raise ValueError(f"this rank is stage {hcg.get_stage_id()} of {hcg.get_pipe_parallel_world_size()} in "
+                                 f"the hybrid topology but stage {layers.get_stage_id()} of {layers.get_num_stages()} "
+                                 "in the PipelineLayer; build it with PipelineLayer(..., topology=hcg.topology())")
+            dp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
+            return hcg.get_pipe_parallel_group(), dp
+        pipelines, rank = layers._layout.pipelines, td.get_rank()
+        pp_group = dp_group = None
+        for ranks in pipelines:
+            group = td.new_group(ranks=ranks)
+            if rank in ranks:
+                pp_group = group
+        for s in range(layers.get_num_stages()):
+            ranks = [p[s] for p in pipelines]
+            group = td.new_group(ranks=ranks)
+            if rank in ranks and len(ranks) > 1:
+                dp_group = group
+        return pp_group, dp_group
+
+    @torch.no_grad()
+    def _broadcast_dp_replicas(self) -> None:
+        """Data-parallel replicas of a stage start from the same weights (those of the group's first rank)."""
+        if self.dp_group is None:
+            return
+        src = min(_group_ranks(self.dp_group))
+        for t in [*self._layers.parameters(), *self._layers.buffers()]:
+            td.broadcast(t, src=src, group=self.dp_group)
+
+    def _schedule(self, with_loss: bool) -> Any:
+        key = f"{self.schedule_mode}:{with_loss}"
+        if key not in self._schedules:
+            loss_fn = self._micro_loss if with_loss else None
+            self._schedules[key] = _SCHEDULES[self.schedule_mode](
+                self._stage, self.accumulate_steps, loss_fn=loss_fn, scale_grads=True)
+        return self._schedules[key]
+
+    def _micro_loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        """The user's ``loss_fn(output, labels)`` for micro-batch ``index`` (Note [label micro-batches])."""
+        loss = self._layers._loss_fn(output, self._label_mbs[int(index)])
+        self._mb_losses[int(index)] = loss.detach()
+        return self._scaler.scale(loss) if self._scaler is not None else loss
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """This stage's layers alone (no pipeline): use :meth:`train_batch` / :meth:`eval_batch` to run the model."""
+        return self._layers(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """This stage's ``PipelineLayer`` state (keys by global layer index, as Paddle's wrapper returns)."""
+        return self._layers.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self._layers.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _run(self, data: Sequence[Any], train: bool, compute_loss: bool) -> tuple[torch.Tensor | None, Any]:
+        if not isinstance(data, (tuple, list)) or len(data) != 2:
+            raise ValueError("train_batch/eval_batch take data=[inputs, labels] (inputs and labels each a tensor "
+                             "or a tuple of tensors)")
+        inputs, labels = data
+        if compute_loss and self._layers._loss_fn is None:
+            raise ValueError("the PipelineLayer has no loss_fn; give PipelineLayer(..., loss_fn=...) to train or "
+                             "to evaluate with compute_loss=True")
+        n, size = self.accumulate_steps, self.micro_batch_size
+        # every stage checks the batch (all get [inputs, labels]): a bad size fails everywhere, never a hang
+        input_mbs = _split(inputs, n, size, "input")
+        label_mbs = _split(labels, n, size, "label") if compute_loss else []
+        kw: dict[str, Any] = {}
+        if self.is_pipeline_first_stage:
+            kw["arg_mbs"] = [tuple(m) if isinstance(m, (tuple, list)) else (m,) for m in input_mbs]
+        self._mb_losses = {}
+        if self.is_pipeline_last_stage and compute_loss:
+            # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
+            # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
+            self._label_mbs = label_mbs
+            kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
+        schedule = self._schedule(compute_loss)
+        out = schedule.step(**kw) if train else schedule.eval(**kw)
+        if not compute_loss:
+            return None, out
+        loss = torch.stack([self._mb_losses[i].float() for i in range(n)]).mean() if self._mb_losses else None
+        return self._broadcast_final_loss(loss), out
+
+    def _broadcast_final_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
+        if loss is None:
+            loss = torch.zeros((), device=self._stage.device)
+        td.broadcast(loss, src=self._last_rank, group=self.pp_group)
+        return loss
+
+    @torch.no_grad()
+    def _reduce_gradients(self) -> None:
+        """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel."""
+        self._layers.allreduce_shared_weight_gradients()
+        if self.dp_group is None:
+            return
+        params = [p for p in self._layers.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
+        flat /= td.get_world_size(self.dp_group)
+        td.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+
+    def train_batch(self, data: Sequence[Any], optimizer: torch.optim.Optimizer, lr_scheduler: Any = None,
+                    scaler: Any = None) -> torch.Tensor:
+        """One optimizer step over ``accumulate_steps`` micro-batches of ``data = [inputs, labels]``.
+
+        Returns the mean loss over the micro-batches, the same tensor on every stage. ``optimizer._grad_clip``
+        (Paddle's ``grad_clip=``) is applied after the gradient reductions, the global norm across all stages.
+        With ``scaler`` (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank),
+        the last stage scales each micro-batch's loss and every stage steps through ``scaler.step`` /
+        ``scaler.update``.
+        """
+        scaler = self._check_scaler(scaler)
+        self.train()
+        if scaler is not None:
+            # stages that never see the loss never call scale(): create the lazily made scale on every stage
+            scaler.scale(torch.ones((), device=self._stage.device))
+        self._scaler = scaler
+        try:
+            loss, _ = self._run(data, train=True, compute_loss=True)
+        finally:
+            self._scaler = None
+        self._reduce_gradients()
+        # fleet.distributed_optimizer clips in its own step hook (hybrid_clip) under pp: do not clip twice
+        clip = getattr(optimizer, "_grad_clip", None) if getattr(optimizer, "hybrid_clip", None) is None else None
+        if clip is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            self._clip_gradients(clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+        if lr_scheduler is not None:
+            lr_scheduler.step()
+        return loss
+
+    @torch.no_grad()
+    def _clip_gradients(self, clip: Any) -> None:
+        """Paddle's ``optimizer._grad_clip`` (its HybridParallelClipGrad for the global norm).
+
+        ``ClipGradByGlobalNorm``: the norm over the whole model, each parameter counted once (a shared weight
+        only where ``is_firstly_shared``; data-parallel replicas hold equal, averaged gradients), summed over
+        the pipeline group. Per-tensor clippers (by norm, by value) apply here as they are.
+        """
+        params = [p for p in self._layers.parameters() if p.grad is not None]
+        if type(clip).__name__ != "ClipGradByGlobalNorm":
+            clip(params)
+            return
+        if self._hcg is not None and self._hcg.get_model_parallel_world_size() > 1:  # slices: Note [hybrid global norm]
+            from ..hybrid_clip import clip_grad_norm_hybrid
+
+            clip_grad_norm_hybrid(params, float(clip.clip_norm), self._hcg)
+            return
+        counted = [p.grad.float() for p in params if getattr(p, "is_firstly_shared", True)]
+        sq = torch.stack([g.square().sum() for g in counted]).sum() if counted else \
+            torch.zeros((), device=self._stage.device)
+        td.all_reduce(sq, group=self.pp_group)
+        coef = torch.clamp(float(clip.clip_norm) / (sq.sqrt() + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coef.to(p.grad.dtype))
+
+    def _check_scaler(self, scaler: Any) -> Any:
+        if scaler is None or not scaler.is_enabled():
+            return None
+        from ...amp import DistGradScaler
+
+        if not isinstance(scaler, DistGradScaler) and td.get_world_size() > 1:
+            raise TypeError(f"train_batch got a {type(scaler).__name__}, whose inf/nan skip would differ between "
+                            "stages; pass fleet.distributed_scaler(scaler)")
+        return scaler
+
+    @torch.no_grad()
+    def eval_batch(self, data: Sequence[Any], compute_loss: bool = False) -> Any:
+        """Forward only. ``compute_loss=True``: the mean loss on every stage; else the last stage's outputs
+        (the micro-batches' outputs concatenated; ``None`` on other stages)."""
+        self.eval()
+        loss, out = self._run(data, train=False, compute_loss=compute_loss)
+        return loss if compute_loss else out

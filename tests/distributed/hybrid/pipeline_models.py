@@ -1,0 +1,116 @@
+"""Tiny pipeline models for the pipeline tests (module level: run_ranks pickles the rank functions by name).
+
+Each ``*_descs()`` returns Paddle-style layer descriptions; ``reference(descs)`` builds the whole model in one
+process (a one-stage ``PipelineLayer``), seeded, so every rank copies the same initial weights into its stage.
+"""
+
+import torch
+from torch import nn
+
+from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
+
+VOCAB, HIDDEN = 32, 8
+
+
+def mlp_descs():
+    return [LayerDesc(nn.Linear, 6, 12), nn.Tanh(), LayerDesc(nn.Linear, 12, 12), nn.Tanh(),
+            LayerDesc(nn.Linear, 12, 4)]
+
+
+def mlp_batch(step, rows=8, rank=0):
+    g = torch.Generator().manual_seed(100 + step * 10 + rank)
+    return torch.randn(rows, 6, generator=g), torch.randint(0, 4, (rows,), generator=g)
+
+
+class EmbeddingPipe(nn.Module):
+    """(tokens, extra int tensor) -> (embeddings, extra): a tuple crosses the stage boundary, as Paddle's test."""
+
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, HIDDEN)
+
+    @property
+    def embedding_weight(self):
+        return self.word_embeddings.weight
+
+    def forward(self, args):
+        x1, x2 = args
+        return self.word_embeddings(x1), x2
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, args):
+        h, x2 = args
+        return torch.tanh(self.fc(h)) + 0.01 * x2.unsqueeze(-1).float(), x2
+
+
+def _logits(embedding, args):
+    return args[0] @ embedding.embedding_weight.t()
+
+
+def tied_loss(logits, labels):
+    """Labels arrive as the tuple ``(y,)`` the user gave (Paddle's LossNet indexes ``y1[0]``)."""
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels[0].reshape(-1))
+
+
+def tied_descs():
+    return [SharedLayerDesc("embed", EmbeddingPipe, shared_weight_attr="embedding_weight"),
+            LayerDesc(Block), LayerDesc(Block),
+            SharedLayerDesc("embed", EmbeddingPipe, forward_func=_logits, shared_weight_attr="embedding_weight")]
+
+
+def tied_batch(step, rows=8, rank=0):
+    g = torch.Generator().manual_seed(200 + step * 10 + rank)
+    x1 = torch.randint(0, VOCAB, (rows, 3), generator=g)
+    x2 = torch.randint(0, 5, (rows, 3), generator=g)
+    y = torch.randint(0, VOCAB, (rows, 3), generator=g)
+    return (x1, x2), (y,)
+
+
+def reference(descs, loss_fn):
+    torch.manual_seed(0)
+    return PipelineLayer(descs, num_stages=1, loss_fn=loss_fn)
+
+
+def copy_from(stage, ref):
+    """Load the reference's weights into this stage (names are global layer indices, so they match)."""
+    ref_state = ref.state_dict()
+    with torch.no_grad():
+        for name, t in stage.state_dict().items():
+            t.copy_(ref_state[name])
+
+
+class MatmulNet(nn.Module):
+    """Paddle's hybrid_parallel_pp_embedding.py layers: built modules (not descriptions), a tuple output."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax_weight = nn.Parameter(torch.randn(HIDDEN, VOCAB) * 0.3)
+
+    def forward(self, args):
+        x1, x2 = args
+        return x1 @ self.softmax_weight, x2
+
+
+class BiasNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax_bias = nn.Parameter(torch.randn(VOCAB) * 0.1)
+
+    def forward(self, args):
+        fc, x2 = args
+        return (fc + self.softmax_bias).reshape(-1, VOCAB), x2
+
+
+def embedding_loss(args, y1):
+    """Paddle's LossNet: the last stage's output is the tuple (projection, x2); labels the tuple (y1,)."""
+    projection, _ = args
+    return nn.functional.cross_entropy(projection, y1[0].reshape(-1))
+
+
+def embedding_layers():
+    return [EmbeddingPipe(), MatmulNet(), BiasNet()]

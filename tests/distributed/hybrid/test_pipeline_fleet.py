@@ -6,7 +6,6 @@ two stages, inputs ``(x1, x2)`` and labels ``(y1,)``, SGD with a stepped learnin
 the single-process model's (Paddle asserts the same), here also the parameters, and with dp=2 x pp=2 on 4 ranks.
 """
 
-import pytest
 import torch
 from pipeline_models import copy_from, reference, tied_batch, tied_descs, tied_loss
 
@@ -75,9 +74,6 @@ def test_shared_weight_dp2_pp2_fthenb():
         assert d_loss < 1e-5 and d_param < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="meta_parallel/hybrid_clip.py (tp's) counts a shared weight once per stage: "
-                   "its replicated sum must skip parameters with is_firstly_shared False (the lead applies the "
-                   "one-line fix at merge, then drops this marker)")
 def test_fleet_optimizer_grad_clip_counts_shared_weight_once():
     """fleet.distributed_optimizer's hybrid clip: the tied embedding, held by both stages, counts once."""
     for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B", 0.05), timeout=120):

@@ -129,7 +129,7 @@ def save_program(trainer, path: str, example_inputs: tuple[torch.Tensor, ...]) -
     without the model's class: ``torch.export.load(path + ".pt2").module()(x)``. A sharded (stage 2/3) model
     is not exported (the program of one rank's shards would be wrong): a warning says so and None is returned."""
     program = strip_postfix(path) + PROGRAM_SUFFIX
-    if hasattr(trainer.parallel_network, "full_state_dict"):
+    if trainer.parallel_network.is_sharded:
         warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 wrote the weights "
                       f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
                       "the plain network in one process and call save(path, training=False) there", stacklevel=3)

@@ -40,8 +40,8 @@ __all__ = ["EMA"]
 
 
 def _sharded(trainer) -> bool:
-    """Whether the network is sharded by stage 2/3 (its wrapper gathers a full state dict)."""
-    return hasattr(trainer.parallel_network, "full_state_dict")
+    """Whether the network is sharded by stage 2/3 (the WrappedModel protocol says so)."""
+    return trainer.parallel_network.is_sharded
 
 
 def _set_full_weights(trainer, weights: dict[str, torch.Tensor]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,12 @@ def capture_rng_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         # the rank's own device only: its index differs under another CUDA_VISIBLE_DEVICES, its stream does not
-        state["cuda_device"] = torch.cuda.get_rng_state(ParallelEnv().device)
+        state["cuda_device"] = torch.cuda.get_rng_state(_rank_cuda_device())
     return state
+
+
+def _rank_cuda_device() -> torch.device:
+    return ParallelEnv().device
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -37,4 +42,11 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     own = state.get("cuda_device")
     if own is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(own, ParallelEnv().device)
+        torch.cuda.set_rng_state(own, _rank_cuda_device())
+    cuda = state.get("cuda")  # older checkpoints: every visible device's state
+    if own is None and cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            warnings.warn(f"fleetlite: the checkpoint holds CUDA RNG states for {len(cuda)} devices but "
+                          f"{torch.cuda.device_count()} are visible; CUDA RNG states not restored", stacklevel=2)

@@ -294,6 +294,10 @@ class Trainer:
         Everything is restored, mid-epoch included (Note [resume order] in :mod:`~.checkpoint_connector`).
         ``num_iters`` caps the total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation:
         :mod:`~.fit_setup`.)
+
+        The logged training ``loss`` is the optimized one: batch means weighted by batch size, so on several ranks
+        it includes the samples a DistributedBatchSampler repeats to fill the last batches (e.g. 0.79875 on 2 ranks
+        where one process logs 0.80074); training metrics, ``val_*`` and ``evaluate`` count real samples only.
         """
         self.terminated_on_nan = None
         self.save_dir = Path(save_dir) if save_dir is not None else None  # the run's directory (callbacks read it)

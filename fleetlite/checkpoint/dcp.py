@@ -44,6 +44,7 @@ import torch
 import torch.distributed as tdist
 
 from ..distributed.agreement import from_rank0, side_group
+from ..distributed.collective import is_initialized as _dist
 from ..utils.atomic import atomic_write_text, fsync_dir
 from .files import CheckpointError
 from .pointer import point_latest
@@ -54,10 +55,6 @@ __all__ = ["MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "
 MARKER = "fleetlite.json"
 FORMAT = "fleetlite.dcp"
 RANK0_FILE = "trainer.pt"  # the entries rank 0 writes beside the shards (a checkpoint file, files.py's format)
-
-
-def _dist() -> bool:
-    return tdist.is_available() and tdist.is_initialized()
 
 
 def _rank() -> int:

@@ -434,7 +434,8 @@ class Trainer:
         ``example_inputs`` default to two rows of the first batch seen. See :mod:`fleetlite.trainer.export`.
         """
         example = tuple(example_inputs) if example_inputs is not None else (self.example_inputs or None)
-        gather = self.checkpoint_connector.model_state if self.parallel_network.is_sharded else None
+        net = self.parallel_network  # (None before setup: a plain model)
+        gather = self.checkpoint_connector.model_state if net is not None and net.is_sharded else None
         return export.export_collective(self.network, path, format, example, self.config if config is None else config,
                                         dynamic_batch, gather)
 

@@ -46,6 +46,7 @@ import torch.distributed as tdist
 from ..distributed.agreement import from_rank0, side_group
 from ..distributed.collective import is_initialized as _dist
 from ..utils.atomic import atomic_write_text, fsync_dir
+from .dcp_reader import SafeReader, read_metadata
 from .files import CheckpointError
 from .pointer import point_latest
 
@@ -61,7 +62,7 @@ def _rank() -> int:
     return tdist.get_rank() if _dist() else 0
 
 
-_QUIETED = False
+_DCP_NOTICE = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 @contextlib.contextmanager
@@ -69,10 +70,8 @@ def _dcp_call():
     """DCP warns on every single-process save and load ("torch.distributed is disabled ... assuming the intent is
     to save in a single process"): in one process that is exactly fleetlite's intent, so the notice is noise. An
     async save warns from its writer thread, after this block: the filter (that one message only) stays."""
-    global _QUIETED
-    if not _QUIETED:
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        _QUIETED = True
+    if not any(f[0] == "ignore" and f[1] is not None and f[1].pattern == _DCP_NOTICE for f in warnings.filters):
+        warnings.filterwarnings("ignore", message=_DCP_NOTICE)
     yield
 
 
@@ -243,8 +242,6 @@ def is_checkpoint_dir(path: str | os.PathLike) -> bool:
 
 def validate(path: str | os.PathLike) -> dict[str, Any]:
     """Check a checkpoint directory; returns its marker's content or raises ``CheckpointError`` naming the problem."""
-    from torch.distributed.checkpoint import FileSystemReader  # ~0.6 s: on use
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
@@ -258,7 +255,7 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise CheckpointError(path, f"{MARKER} is not a fleetlite sharded checkpoint marker")
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
+        metadata = read_metadata(str(path))  # Note [safe DCP metadata]
     except Exception as e:  # noqa: BLE001 - DCP raises various types for a damaged .metadata
         raise CheckpointError(path, f"its DCP .metadata is missing or unreadable ({e})") from None
     wanted = {getattr(v, "relative_path", None) for v in (metadata.storage_data or {}).values()}
@@ -279,7 +276,7 @@ def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
         _check_model_keys(path, state["model"])
     try:
         with _dcp_call():
-            dcp.load(state, checkpoint_id=str(path), process_group=_ckpt_group())
+            dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)), process_group=_ckpt_group())
     except Exception as e:  # noqa: BLE001 - DCP wraps per-rank errors in CheckpointException
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(path, f"does not fit this model/optimizer: {text}") from None
@@ -288,9 +285,7 @@ def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
 
 def _saved(path: Path, key: str = "model") -> dict[str, Any]:
     """``{name: metadata}`` of the entries the directory ``path`` holds under ``key`` (names without the prefix)."""
-    from torch.distributed.checkpoint import FileSystemReader  # ~0.6 s: on use
-
-    items = FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+    items = read_metadata(str(path)).state_dict_metadata.items()  # Note [safe DCP metadata]
     return {k[len(key) + 1:]: m for k, m in items if k.startswith(key + ".")}
 
 
@@ -322,7 +317,7 @@ def read_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         with _dcp_call():
-            dcp.load(state, checkpoint_id=str(path), no_dist=True)
+            dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)), no_dist=True)
     weights = {k[len(key) + 1:]: v for k, v in state.items()}
     if model is not None:
         own = set(model.state_dict())

@@ -43,13 +43,27 @@ def recipe_names() -> list[str]:
 def config_names(recipe: str | None = None) -> list[str]:
     """The shipped configs as paths relative to :data:`CONF_DIR` (``cifar10.yaml``, ``model/resnet18.yaml``...).
 
-    With ``recipe``: its primary config first, then every group option (the recipes share the groups).
+    With ``recipe``: its primary config first, then the options of the groups it uses: the shared groups
+    (``conf/<group>/``) its primary config's defaults name, and its own (``conf/<recipe>/<group>/``).
     """
     files = sorted(p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*.yaml"))
     primary = [f for f in files if "/" not in f]
     if recipe is None:
         return files
-    return [f for f in primary if f == f"{recipe}.yaml"] + [f for f in files if "/" in f]
+    if f"{recipe}.yaml" not in primary:
+        return []
+    used = _default_groups(CONF_DIR / f"{recipe}.yaml")
+    return [f"{recipe}.yaml"] + [f for f in files if "/" in f and (f.startswith(f"{recipe}/") or
+                                                                   f.rpartition("/")[0] in used)]
+
+
+def _default_groups(primary: Path) -> set[str]:
+    """The config groups a primary config's ``defaults`` list names (``- data: cifar10`` -> ``data``)."""
+    import yaml  # PyYAML (omegaconf's dependency); only for fleetlite ls
+
+    entries = (yaml.safe_load(primary.read_text(encoding="utf-8")) or {}).get("defaults") or []
+    return {str(k).split("@")[0].strip("/") for e in entries if isinstance(e, dict) for k in e
+            if not str(k).startswith("override ")}
 
 
 def find_recipe(name: str) -> Path:

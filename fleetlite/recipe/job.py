@@ -60,6 +60,9 @@ from .validate import (
 __all__ = ["main", "plan", "compose_jobs", "check_command_line", "run_job", "Job", "fail", "EXIT_CONFIG"]
 
 Recipe = Callable[[DictConfig], Any]
+Check = Callable[[DictConfig, int], None]
+#: A recipe's own schema and checks, by its config name (set by :func:`main`; cifar10 uses the shared ones).
+_RECIPES: dict[str, tuple[type | None, Check | None]] = {}
 #: Exit status of a run refused before training (bad config, data, run directory).
 EXIT_CONFIG = 2
 #: Hydra's informational flags: handed to ``hydra.main`` as they are.
@@ -139,10 +142,12 @@ def compose_jobs(config_dir: str | os.PathLike, config_name: str, args: argparse
     from hydra import compose, initialize_config_dir  # hydra: only for the recipes
     from hydra.types import RunMode  # hydra: as above
 
-    register_configs()
-    primary, extra = str(Path(args.config_path or config_dir).resolve()), []
+    _register(config_name)
+    check = _RECIPES.get(config_name, (None, None))[1] or check_config
+    primary, search = str(Path(args.config_path or config_dir).resolve()), _own_groups(config_dir, config_name)
     if args.config_dir:  # the user's folder first, then the recipe's groups (as hydra.main's --config-dir)
-        primary, extra = str(Path(args.config_dir).resolve()), [f"hydra.searchpath=[file://{primary}]"]
+        search, primary = [primary, *search], str(Path(args.config_dir).resolve())
+    extra = [f"hydra.searchpath=[{','.join(f'file://{p}' for p in search)}]"] if search else []
     try:
         jobs = _job_overrides(args.overrides, args.multirun)
         with initialize_config_dir(config_dir=primary, version_base="1.3", job_name=job_name):
@@ -152,7 +157,7 @@ def compose_jobs(config_dir: str | os.PathLike, config_name: str, args: argparse
             with read_write(full.hydra), open_dict(full.hydra):
                 full.hydra.mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
                 full.hydra.job.num, full.hydra.job.id = num, str(num)
-            check_config(full, world_size=world_size)
+            check(full, world_size)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf parse, composition and interpolation errors
@@ -311,17 +316,43 @@ def check_command_line(config_dir: str | os.PathLike, config_name: str, argv: li
     return _settle_run_dir(configs, argv, quiet=True).get("error")
 
 
+def _own_groups(config_dir: str | os.PathLike, config_name: str) -> list[str]:
+    """A recipe's own config groups, ``conf/<recipe>/<group>/`` (e.g. ``conf/gpt/hybrid/``), picked as
+    ``<group>=option``: that folder joins Hydra's search path. Groups directly in ``conf/`` are shared."""
+    own = Path(config_dir).resolve() / config_name
+    return [str(own)] if own.is_dir() else []
+
+
+def _register(config_name: str) -> None:
+    """The shared schemas, and the recipe's own primary schema as ``<config_name>_schema``."""
+    register_configs()
+    schema = _RECIPES.get(config_name, (None, None))[0]
+    if schema is not None:
+        from hydra.core.config_store import ConfigStore  # hydra: only for the recipes
+
+        ConfigStore.instance().store(name=f"{config_name}_schema", node=schema)
+
+
 def _hydra_main(fn: Recipe, config_dir: str | os.PathLike, config_name: str) -> None:
     """Hydra's own informational output (``--help``, ``--cfg job``, ``--info``...), read from ``sys.argv``."""
     import hydra  # hydra: only for the recipes
 
-    register_configs()
+    _register(config_name)
+    own = _own_groups(config_dir, config_name)
+    if own and not any(a.startswith("hydra.searchpath=") for a in sys.argv):
+        sys.argv.append(f"hydra.searchpath=[file://{own[0]}]")
     hydra.main(version_base="1.3", config_path=str(Path(config_dir).resolve()), config_name=config_name)(fn)()
 
 
-def main(config_dir: str | os.PathLike, config_name: str) -> Callable[[Recipe], Callable[..., int]]:
+def main(config_dir: str | os.PathLike, config_name: str, schema: type | None = None,
+         check: Check | None = None) -> Callable[[Recipe], Callable[..., int]]:
     """Decorate a recipe function ``fn(cfg)``: calling it runs the command line's jobs and returns exit status 0
     (Hydra's informational flags, ``--help``, ``--cfg``..., are read from ``sys.argv`` by ``hydra.main``).
+
+    A recipe with its own config (not CIFAR-10's groups) passes its primary ``schema`` (stored as
+    ``<config_name>_schema``, named first in the primary YAML's defaults) and ``check(cfg, world_size)``, which
+    raises :class:`~fleetlite.recipe.validate.ConfigError` (default: :func:`~fleetlite.recipe.validate.check_config`).
+    Its own groups may live in ``conf/<config_name>/`` (:func:`_own_groups`).
 
     Example::
 
@@ -330,6 +361,9 @@ def main(config_dir: str | os.PathLike, config_name: str) -> Callable[[Recipe], 
 
         sys.exit(train())            # or train(["data=synthetic", "trainer.epochs=1"])
     """
+
+    if schema is not None or check is not None:
+        _RECIPES[config_name] = (schema, check)
 
     def decorate(fn: Recipe) -> Callable[..., int]:
         name = Path(inspect.getfile(fn)).stem  # Hydra's job name: the recipe file's (the run log is <name>.log)

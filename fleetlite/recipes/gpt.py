@@ -1,0 +1,224 @@
+"""A small GPT with fleetlite's hybrid parallelism, configured by Hydra: build, setup, train, cleanup.
+
+    fleetlite run gpt                                             # one process
+    fleetlite run --nproc_per_node 4 gpt hybrid=dp2_mp2           # data x tensor parallel
+    fleetlite run --nproc_per_node 2 gpt hybrid=pp2 train.steps=20
+    fleetlite run --nproc_per_node 4 gpt hybrid=dp2_pp2
+
+The model is fleetlite.text.gpt (tensor-parallel layers when mp > 1, a PipelineLayer when pp > 1) on a
+deterministic synthetic corpus, byte-tokenized (fleetlite.text.corpus). The loop is written out by hand:
+``fleet.init`` with ``strategy.hybrid_configs`` (the hybrid group, conf/gpt/hybrid/), ``fleet.distributed_model``
+and ``fleet.distributed_optimizer``; a pipeline steps with ``PipelineParallel.train_batch``. Every step's loss
+(the mean over the global batch) and a final eval loss are printed by rank 0. A config mistake is one ``error:``
+line and exit status 2 (e.g. hybrid degrees whose product is not --nproc_per_node).
+"""
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from fleetlite.recipe import job
+from fleetlite.recipe.catalog import CONF_DIR
+from fleetlite.recipe.schema import Device, StrategyConfig
+from fleetlite.recipe.validate import ConfigError, check_known_keys
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    width: int = 128
+    layers: int = 2
+    heads: int = 4
+    seq_len: int = 32
+
+
+@dataclass
+class DataConfig:
+    num_chars: int = 50_000
+    seed: int = 0
+    eval_fraction: float = 0.1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.01
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 50
+    global_batch_size: int = 16
+    log_freq: int = 1
+    eval_batches: int = 4
+
+
+@dataclass
+class GPTRecipeConfig:
+    """The GPT recipe's config (conf/gpt.yaml); ``strategy`` is a fleet.DistributedStrategy (hybrid group)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    seed: int = 0
+    device: Device = Device.cpu
+    run_dir: str = MISSING
+    resume: str | None = None
+
+
+def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
+    """Every value of the composed config; one :class:`ConfigError` line for the first problem."""
+    from fleetlite.distributed.fleet.strategy import DistributedStrategy
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    check_known_keys(cfg, GPTRecipeConfig)
+    m, t, d = cfg.model, cfg.train, cfg.data
+    need(cfg.resume is None, "resume: the gpt recipe does not checkpoint yet; drop resume=")
+    try:
+        strategy = DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, resolve=True, enum_to_str=True))
+        strategy.check_supported(world_size)
+        deg = strategy.hybrid_degrees(world_size)
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise ConfigError(f"strategy: {e.args[0] if e.args else e}") from None
+    dp, mp, pp = deg["dp"], deg["mp"], deg["pp"]
+    need(dp * mp * pp == world_size, f"hybrid degrees dp={dp} x mp={mp} x pp={pp} = {dp * mp * pp} ranks, but "
+                                     f"{world_size} were started; pick a hybrid option for {world_size} ranks or "
+                                     f"start {dp * mp * pp} (--nproc_per_node {dp * mp * pp})")
+    need(min(m.width, m.layers, m.heads, m.seq_len, m.vocab_size) >= 1, "model: every size must be at least 1")
+    need(m.width % m.heads == 0, f"model.width={m.width} is not divisible by model.heads={m.heads}")
+    need(m.heads % mp == 0, f"model.heads={m.heads} is not divisible by mp_degree {mp}: each tensor-parallel rank "
+                            "holds whole heads; choose heads that mp_degree divides")
+    need(m.vocab_size % mp == 0 and m.vocab_size >= 256, f"model.vocab_size={m.vocab_size} must be >= 256 (bytes) "
+                                                         f"and divisible by mp_degree {mp}")
+    need(pp <= m.layers + 3, f"pp_degree {pp} exceeds the {m.layers + 3} pipeline layers; use fewer stages")
+    need(optim_ok(cfg.optim), f"optim: lr={cfg.optim.lr} must be > 0, betas two numbers in [0, 1), weight_decay >= 0")
+    g = t.global_batch_size
+    need(t.steps >= 1 and t.log_freq >= 1 and t.eval_batches >= 1, "train.steps, log_freq, eval_batches must be >= 1")
+    need(g >= dp and g % dp == 0, f"train.global_batch_size={g} does not divide among dp_degree {dp} replicas; "
+                                  f"use a multiple of {dp}")
+    if pp > 1:
+        pc = cfg.strategy.pipeline_configs
+        need(pc.accumulate_steps * pc.micro_batch_size == g // dp,
+             f"pipeline_configs accumulate_steps={pc.accumulate_steps} x micro_batch_size={pc.micro_batch_size} must "
+             f"equal the rows per replica, train.global_batch_size / dp_degree = {g // dp}; change one of them")
+    need(0 < d.eval_fraction < 1 and d.num_chars > 4 * m.seq_len,
+         "data: eval_fraction must be in (0, 1) and num_chars well above model.seq_len")
+
+
+def optim_ok(o: DictConfig) -> bool:
+    return o.lr > 0 and o.weight_decay >= 0 and len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas)
+
+
+class GPTRecipe:
+    """fleet.init -> corpus -> GPT (tensor/pipeline parallel per the hybrid group) -> AdamW -> the loop."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+
+    def setup(self) -> None:
+        from fleetlite.distributed import fleet
+        from fleetlite.distributed.fleet.meta_parallel import PipelineLayer
+        from fleetlite.text.corpus import encode, synthetic_corpus
+        from fleetlite.text.gpt import GPT, GPTConfig, gpt_loss, gpt_pipeline_descs
+
+        cfg = self.cfg
+        strategy = fleet.DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, resolve=True,
+                                                                              enum_to_str=True))
+        fleet.init(is_collective=True, strategy=strategy)
+        self.hcg = hcg = fleet.get_hybrid_communicate_group()
+        self.dp, self.dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
+        self.pp = hcg.get_pipe_parallel_world_size()
+        self.is_main = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else True
+        torch.manual_seed(cfg.seed)
+        # data: the same corpus on every rank; its tail is the eval split
+        ids = encode(synthetic_corpus(cfg.data.num_chars, cfg.data.seed))
+        cut = int(len(ids) * (1 - cfg.data.eval_fraction))
+        self.train_ids, self.eval_ids = ids[:cut], ids[cut:]
+        # model: weights drawn alike on any degrees (Note [gpt init] in fleetlite/text/gpt.py)
+        mcfg = GPTConfig(**OmegaConf.to_container(cfg.model), seed=cfg.seed)
+        if self.pp > 1:
+            layer = PipelineLayer(gpt_pipeline_descs(mcfg), topology=hcg.topology(), loss_fn=gpt_loss)
+        else:
+            layer = GPT(mcfg)
+        self.model = fleet.distributed_model(layer)
+        o = cfg.optim
+        inner = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        self.optimizer = fleet.distributed_optimizer(inner)
+        if self.is_main:
+            n = sum(p.numel() for p in layer.parameters())
+            print(f"gpt: dp={self.dp} mp={hcg.get_model_parallel_world_size()} pp={self.pp}; {n} parameters on "
+                  "rank 0", flush=True)
+
+    def _batch(self, ids: torch.Tensor, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This data-parallel replica's rows of the global batch of ``step`` (the same on every rank)."""
+        from fleetlite.text.corpus import batch_of_windows
+
+        x, y = batch_of_windows(ids, rows, self.cfg.model.seq_len, self.cfg.seed, step)
+        part = rows // self.dp
+        return x[self.dp_rank * part:(self.dp_rank + 1) * part], y[self.dp_rank * part:(self.dp_rank + 1) * part]
+
+    def _global_mean(self, loss: torch.Tensor) -> float:
+        """The mean over the data-parallel replicas (equal rows each): the global batch's loss."""
+        loss = loss.detach().float().clone()
+        if self.dp > 1:
+            torch.distributed.all_reduce(loss, group=self.hcg.get_data_parallel_group())
+            loss /= self.dp
+        return loss.item()
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.pp > 1:
+            return self.model.train_batch([x, y], self.optimizer)
+        loss = self.model(x, y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        return loss
+
+    def train(self) -> list[float]:
+        t, self.losses = self.cfg.train, []
+        start = time.perf_counter()
+        for step in range(t.steps):
+            x, y = self._batch(self.train_ids, step, t.global_batch_size)
+            self.losses.append(self._global_mean(self.train_step(x, y)))
+            if self.is_main and (step % t.log_freq == 0 or step == t.steps - 1):
+                print(f"step {step + 1}/{t.steps} loss {self.losses[-1]:.6f}", flush=True)
+        self.seconds = time.perf_counter() - start
+        return self.losses
+
+    @torch.no_grad()
+    def cleanup(self) -> float:
+        t, losses = self.cfg.train, []
+        for i in range(t.eval_batches):
+            x, y = self._batch(self.eval_ids, 10_000 + i, t.global_batch_size)
+            if self.pp > 1:
+                losses.append(self._global_mean(self.model.eval_batch([x, y], compute_loss=True)))
+            else:
+                self.model.eval()
+                losses.append(self._global_mean(self.model(x, y)))
+        final = sum(losses) / len(losses)
+        if self.is_main:
+            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps} steps)", flush=True)
+        return final
+
+
+@job.main(CONF_DIR, "gpt", schema=GPTRecipeConfig, check=check_gpt_config)
+def train(cfg: DictConfig) -> Any:
+    """The recipe: build it from the config, set up, train, clean up; returns the final eval loss."""
+    recipe = GPTRecipe(cfg)
+    recipe.setup()
+    recipe.train()
+    return recipe.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(train())

@@ -1,0 +1,95 @@
+"""`fleetlite run gpt` end to end in real processes: one process, dp2 x mp2, pp2 and dp2 x pp2 (tiny model).
+
+Reference: the 1-process run. The GPT's weights are drawn alike on any degrees (Note [gpt init]) and every rank
+takes its rows of the same global batch, so dp2 x mp2 and dp2 x pp2 must reproduce the 1-process losses step for
+step (1e-4); every run's loss must decrease. A hybrid option for another number of ranks is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetlite.recipe.catalog import config_names, recipe_names
+from fleetlite.testing import timeout_scale
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["train.steps=4", "model.width=64", "data.num_chars=20000", "train.eval_batches=2"]
+STEP = re.compile(r"^step \d+/\d+ loss (\d+\.\d+)$", re.M)
+FINAL = re.compile(r"^final eval loss: (\d+\.\d+)", re.M)
+
+
+def fleetlite_run(args: list[str], tmp_path: Path, nproc: int = 1, timeout: float = 150):
+    launcher = ["--nproc_per_node", str(nproc)] if nproc > 1 else []
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", *launcher, "gpt", *args,
+                           f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=timeout * timeout_scale())
+    return proc
+
+
+def losses(proc) -> tuple[list[float], float]:
+    assert proc.returncode == 0, (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+                                  f"stderr:\n{proc.stderr[-3000:]}")
+    steps = [float(v) for v in STEP.findall(proc.stdout)]
+    final = FINAL.search(proc.stdout)
+    assert len(steps) == 4 and final, proc.stdout
+    return steps, float(final.group(1))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    steps, final = losses(fleetlite_run(TINY, tmp_path_factory.mktemp("ref")))
+    assert steps[-1] < steps[0] - 0.3 and final < steps[0]  # it learns
+    return steps, final
+
+
+def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
+    assert "gpt" in recipe_names()
+    names = config_names("gpt")
+    assert names[0] == "gpt.yaml"
+    assert {f"gpt/hybrid/{o}.yaml" for o in ("none", "dp2_mp2", "pp2", "dp2_pp2")} <= set(names)
+    assert not any(n.startswith("gpt/") for n in config_names("cifar10"))  # a recipe's own groups stay its own
+    assert "model/resnet18.yaml" not in names
+
+
+@pytest.mark.timeout(600)
+def test_dp2_mp2_on_four_ranks_equals_one_process(reference, tmp_path):
+    steps, final = losses(fleetlite_run([*TINY, "hybrid=dp2_mp2"], tmp_path, nproc=4, timeout=400))
+    assert steps == pytest.approx(reference[0], abs=1e-4)
+    assert final == pytest.approx(reference[1], abs=1e-4)
+
+
+@pytest.mark.timeout(600)
+def test_dp2_pp2_on_four_ranks_equals_one_process(reference, tmp_path):
+    steps, final = losses(fleetlite_run([*TINY, "hybrid=dp2_pp2"], tmp_path, nproc=4, timeout=400))
+    assert steps == pytest.approx(reference[0], abs=1e-4)
+    assert final == pytest.approx(reference[1], abs=1e-4)
+
+
+@pytest.mark.timeout(400)
+def test_pp2_on_two_ranks_learns(reference, tmp_path):
+    steps, _ = losses(fleetlite_run([*TINY, "hybrid=pp2"], tmp_path, nproc=2, timeout=300))
+    assert steps[-1] < steps[0] - 0.3
+    assert steps == pytest.approx(reference[0], abs=1e-4)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("nproc, hybrid", [(2, "dp2_mp2"), (1, "pp2")])
+def test_degrees_that_do_not_match_the_ranks_are_one_line_exit_2(tmp_path, nproc, hybrid):
+    proc = fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=nproc)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "ranks" in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "run" / ".hydra").exists()  # refused before anything ran
+
+
+@pytest.mark.timeout(200)
+def test_pipeline_micro_batches_must_cover_the_batch(tmp_path):
+    proc = fleetlite_run([*TINY, "hybrid=pp2", "train.global_batch_size=12"], tmp_path, nproc=2)
+    assert proc.returncode == 2 and "micro_batch_size" in proc.stderr, proc.stderr[-2000:]

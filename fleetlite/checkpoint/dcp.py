@@ -44,6 +44,7 @@ import torch
 import torch.distributed as tdist
 
 from ..distributed.agreement import from_rank0, side_group
+from ..distributed.collective import is_initialized as _dist
 from ..utils.atomic import atomic_write_text, fsync_dir
 from .dcp_reader import SafeReader, read_metadata
 from .files import CheckpointError
@@ -55,10 +56,6 @@ __all__ = ["MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "
 MARKER = "fleetlite.json"
 FORMAT = "fleetlite.dcp"
 RANK0_FILE = "trainer.pt"  # the entries rank 0 writes beside the shards (a checkpoint file, files.py's format)
-
-
-def _dist() -> bool:
-    return tdist.is_available() and tdist.is_initialized()
 
 
 def _rank() -> int:
@@ -286,12 +283,17 @@ def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def _saved(path: Path, key: str = "model") -> dict[str, Any]:
+    """``{name: metadata}`` of the entries the directory ``path`` holds under ``key`` (names without the prefix)."""
+    items = read_metadata(str(path)).state_dict_metadata.items()  # Note [safe DCP metadata]
+    return {k[len(key) + 1:]: m for k, m in items if k.startswith(key + ".")}
+
+
 def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
     """A clear error naming missing/unexpected/reshaped weights before DCP starts (a foreign model's checkpoint)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    saved = {k[len("model."):]: m for k, m in read_metadata(str(path)).state_dict_metadata.items()
-             if k.startswith("model.")}
+    saved = _saved(path)
     missing, unexpected = sorted(set(model_state) - set(saved)), sorted(set(saved) - set(model_state))
     reshaped = sorted(k for k, v in model_state.items() if k in saved and torch.is_tensor(v)
                       and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape))
@@ -302,28 +304,21 @@ def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
 
 def read_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
               ) -> dict[str, torch.Tensor]:
-    """The full (unsharded) weights of a checkpoint directory, offline (no process group), on the CPU.
-
-    With ``model`` they are also loaded into it (``strict``); a checkpoint of another model is a
-    ``CheckpointError`` naming the missing and unexpected keys. (``fleetlite.checkpoint.load_full`` also
-    takes a run directory.)
-    """
+    """The full weights of the checkpoint directory ``path``, offline, on the CPU (``load_full``'s reader)."""
     import torch.distributed.checkpoint as dcp  # loads in ~0.6 s: on use
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     path = Path(path)
     validate(path)
-    metadata = read_metadata(str(path))
-    prefix = key + "."
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
-             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    state = {f"{key}.{k}": torch.empty(m.size, dtype=m.properties.dtype) for k, m in _saved(path, key).items()
+             if isinstance(m, TensorStorageMetadata)}
     if not state:
         raise CheckpointError(path, f"holds no '{key}' entries")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         with _dcp_call():
             dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)), no_dist=True)
-    weights = {k[len(prefix):]: v for k, v in state.items()}
+    weights = {k[len(key) + 1:]: v for k, v in state.items()}
     if model is not None:
         own = set(model.state_dict())
         missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)

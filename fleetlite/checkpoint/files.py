@@ -23,9 +23,9 @@ loads silently. ``load_checkpoint`` first checks every zip record's CRC32
 
 Example::
 
-    from fleetlite.checkpoint import save_checkpoint, load_checkpoint, find_latest
+    from fleetlite.checkpoint import save_checkpoint, load_checkpoint
     save_checkpoint({"model": net.state_dict(), "global_step": 10}, "ckpt/step-00000010.pt", latest=True)
-    state = load_checkpoint(find_latest("ckpt"))
+    state = load_checkpoint("ckpt/latest.pt")
 """
 
 from __future__ import annotations
@@ -88,14 +88,9 @@ def check_plain(obj: Any, where: str = "state") -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, *, latest: bool = False) -> Path:
-    """Write ``state`` atomically to ``path`` (see Note [atomic checkpoint]); returns the path.
-
-    ``state`` may hold tensors and plain Python values;
-    the ``format``/``version`` markers are added. With ``latest=True``,
-    the directory's ``latest.pt`` is pointed at the new file (Note [latest pointer]).
-    Raises ``TypeError`` before writing anything when a value is not plain,
-    and ``CheckpointError`` when the write fails (the previous file stays).
-    """
+    """Write ``state`` (tensors and plain values) atomically to ``path`` (Note [atomic checkpoint]); with
+    ``latest`` point ``latest.pt`` at it. ``TypeError`` before writing anything when a value is not plain,
+    ``CheckpointError`` when the write fails (the previous file stays)."""
     path = Path(path)
     if not isinstance(state, dict):
         raise TypeError(f"save_checkpoint expects a dict, got {type(state).__name__}")
@@ -134,6 +129,12 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _unpickling_detail(e: Exception) -> str:
+    """The line of torch's refusal naming the class it would not unpickle."""
+    text = [ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln or "global" in ln.lower()]
+    return text[0].replace("WeightsUnpickler error: ", "") if text else _first_line(e)
+
+
 def probe_writable(directory: str | os.PathLike) -> Path:
     """Create ``directory`` if needed and prove a file can be written there; ``CheckpointError`` if not."""
     directory = Path(directory)
@@ -155,20 +156,8 @@ def probe_writable(directory: str | os.PathLike) -> Path:
 # -- reading -------------------------------------------------------------------
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, verify: bool = True,
                     require: Iterable[str] = ()) -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only=True``) and check it.
-
-    Args:
-        path: the file.
-        map_location: as for ``torch.load`` (default CPU).
-        verify: check every zip record's CRC first (Note [checkpoint integrity]).
-        require: top-level entries that must be present.
-
-    Raises:
-        CheckpointError: naming the file and the problem: missing, truncated or
-            corrupted, needing arbitrary unpickling (refused, nothing runs),
-            not a fleetlite checkpoint, from a newer format version, or
-            lacking a required entry.
-    """
+    """Load a checkpoint file safely (``weights_only=True``; with ``verify`` every CRC checked first, Note
+    [checkpoint integrity]) holding the ``require``-d entries, else ``CheckpointError`` naming the problem."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(path, "no such file; check the path (or resume=None to start fresh)")
@@ -220,14 +209,6 @@ def _needs_globals(e: Exception) -> bool:
     """Whether torch's safe unpickler refused a class/function (a real unsafe file), not a garbage byte."""
     text = str(e)
     return "global" in text.lower() or "Unsupported class" in text or "allowlist" in text
-
-
-def _unpickling_detail(e: Exception) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Unsupported" in ln or "global" in ln.lower():
-            return ln.replace("WeightsUnpickler error: ", "")
-    return lines[0] if lines else type(e).__name__
 
 
 class LoadedCheckpoint(NamedTuple):

@@ -219,7 +219,8 @@ def on_every_rank(read_it: Callable[[], T]) -> T:
 def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
               ) -> dict[str, Any]:
     """The full (unsharded) weights of a checkpoint directory, or of the newest one in a run's directory,
-    offline (no process group), on the CPU; with ``model`` also loaded into it (see :func:`.dcp.read_full`)."""
+    offline (no process group), on the CPU; with ``model`` also loaded into it (``strict``: a checkpoint of
+    another model is a ``CheckpointError`` naming the missing and unexpected keys)."""
     path = Path(path)
     if path.is_dir() and not dcp.is_checkpoint_dir(path):
         found = find_newest(path, kind="dir")

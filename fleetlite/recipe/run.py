@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from fleetlite.checkpoint import LoadedCheckpoint, on_every_rank, read
 from fleetlite.distributed import get_rank, get_world_size, read_env
 from fleetlite.distributed.agreement import from_rank0
+from fleetlite.trainer.checkpoint_connector import REQUIRED
 from fleetlite.trainer.config import AgreedConfig
 from fleetlite.trainer.connector import init_process_group
-from fleetlite.trainer.state import REQUIRED
 
 from ..utils import plot as curves
 from .build import METRICS_FILE, PLOT_FILE, apply_speed_flags, resolve_device

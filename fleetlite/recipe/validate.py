@@ -33,7 +33,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from fleetlite.checkpoint import CheckpointError, earlier_checkpoints, is_checkpoint_dir, list_checkpoints, load_newest
 from fleetlite.distributed.fleet.strategy import DistributedStrategy
-from fleetlite.trainer.state import REQUIRED
+from fleetlite.trainer.checkpoint_connector import REQUIRED
 from fleetlite.utils.atomic import why_unwritable
 
 from .schema import LAUNCH_TIME_VAR, SCHEMAS, RecipeConfig

@@ -5,8 +5,20 @@
 (:meth:`~CheckpointConnector.read`) and puts it back in one ordered method
 (:meth:`~CheckpointConnector.restore`, Note [resume order]). ``Trainer.fit(resume=...)``,
 ``Trainer.load``, ``Trainer.save`` and ``ModelCheckpoint`` all go through it, under every
-strategy (data parallel, sharding stages 1-3): the entries are listed in :mod:`.state`, the
-file and directory formats are :mod:`fleetlite.checkpoint`'s.
+strategy (data parallel, sharding stages 1-3). The file and directory formats are
+:mod:`fleetlite.checkpoint`'s; what a Trainer checkpoint holds is decided here
+(:meth:`~CheckpointConnector.state_dict`):
+
+``model`` (unprefixed state_dict) · ``optimizer`` · ``scaler`` (amp) · ``data`` (the training data's
+position) · ``progress`` (``FitProgress.state_dict``) · ``ranks`` (per rank: RNG states now and at the
+epoch start, the epoch's partial sums: ``FitState.rank_state_dict``) · ``world_size`` · ``callbacks``
+(LR schedulers inside their ``LRScheduler``) · ``strategy`` · ``config`` · ``meta``. A sharded
+checkpoint (a DCP directory) holds the model and optimizer as shards and the rest as ``trainer.pt``.
+
+A resume (``Trainer.fit(resume=...)``) runs in five modules: :mod:`fleetlite.trainer.trainer` (``fit``),
+:mod:`fleetlite.trainer.fit_setup` (reads and checks the checkpoint through :meth:`~CheckpointConnector.read`),
+this one (:meth:`~CheckpointConnector.restore`), the :mod:`fleetlite.checkpoint` package (lookup, files,
+DCP, RNG) and :mod:`fleetlite.trainer.fit_loop` (the loop and its progress, which calls ``restore``).
 
 # Note [saves in flight]
 An asynchronous save (``ModelCheckpoint(async_save=True)``) commits only when
@@ -29,13 +41,16 @@ loaders (``num_workers=0``) at the same world size.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from .. import __version__
 from ..checkpoint import (
+    RANK0_FILE,
     CheckpointError,
     LoadedCheckpoint,
     PendingSave,
@@ -44,15 +59,17 @@ from ..checkpoint import (
     read,
     resolve,
     restore_rng_state,
+    save,
     save_checkpoint,
 )
+from ..checkpoint.torch_state import app_state, check_finite, check_optimizer, load_app_state, optimizer_name
 from ..distributed import collective
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
-from .dcp_state import load_dcp_weights, write_dcp
-from .state import REQUIRED, build_state, check_finite, load_model_state, model_state, optimizer_name
 
-__all__ = ["CheckpointConnector", "Resumed"]
+__all__ = ["CheckpointConnector", "Resumed", "REQUIRED"]
+
+REQUIRED = ("model", "progress", "ranks", "world_size", "callbacks")  # the entries a resumable checkpoint has
 
 _RESUME_HINT = ("resume with the optimizer it was trained with (recipes: the same optim=...), or start a new run from "
                 "its weights with Trainer.load(path, reset_optimizer=True)")
@@ -88,7 +105,7 @@ class CheckpointConnector:
         """Write the full training state as a checkpoint file (collective; rank 0 writes, every rank returns the
         path or raises the same error). With ``latest`` non-finite weights are refused (``latest.pt`` stays)."""
         path = Path(path)
-        state = build_state(self.trainer)
+        state = self.state_dict()
         error = None
         if state is not None:
             try:
@@ -110,11 +127,64 @@ class CheckpointConnector:
         before this returns, so training may go on while an async save writes them."""
         if not self.trainer.at_step_boundary:
             raise RuntimeError("a checkpoint can only be written at an optimizer-step boundary")
-        state = build_state(self.trainer, weights=False, optimizer=False)  # the shards hold both
-        pending = write_dcp(self.trainer, path, state, latest=latest, async_save=async_save)
+        t = self.trainer
+        state = self.state_dict(weights=False, optimizer=False)  # the shards hold both
+        files = {} if state is None else {RANK0_FILE: lambda p: save_checkpoint(state, p)}
+        meta = {"global_step": t.global_step, "epoch": t.epoch,
+                "stage": t.strategy.sharding_stage if t.strategy is not None else 0}
+        pending = save(app_state(self._module(), t.optimizer), path, rank0_files=files, meta=meta,
+                       async_save=async_save, latest=latest)
         if async_save:
             self._in_flight = pending
         return pending
+
+    def state_dict(self, weights: bool = True, optimizer: bool = True) -> dict[str, Any] | None:
+        """The whole training state (the entries above); collective, returned on rank 0 only (None elsewhere).
+        ``weights``/``optimizer`` False leave ``model``/``optimizer`` None (a sharded checkpoint's shards hold them)."""
+        t = self.trainer
+        ranks = collective.all_gather_object(t.fit_state.rank_state_dict(t.metrics))
+        optimizer = t.optimizer.state_dict() if optimizer and t.optimizer is not None else None  # collective
+        model = self.model_state() if weights else None  # collective if sharded
+        if collective.get_rank() != 0:
+            return None
+        amp = getattr(t.optimizer, "amp", None)
+        return {
+            "model": model, "optimizer": optimizer,
+            "scaler": amp.state_dict() if amp is not None and amp.uses_scaler else None,
+            "data": t.fit_state.data_position(), "progress": t.fit_state.state_dict(), "ranks": ranks,
+            "world_size": collective.get_world_size(),
+            "callbacks": t.callbacks.state_dict() if t.callbacks is not None else {},
+            "strategy": None if t.strategy is None else t.strategy.to_dict(), "config": t.config,
+            "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": __version__,
+                     "optimizer": optimizer_name(t.user_optimizer)},
+        }
+
+    def model_state(self, rank0_only: bool = True) -> dict[str, Any]:
+        """The model's full unprefixed state; collective for a sharded (stage 2/3) model (then gathered on rank 0
+        only unless ``rank0_only=False``)."""
+        net = self.trainer.parallel_network
+        return self.trainer.network.state_dict() if net is None else net.full_state_dict(rank0_only=rank0_only)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the model's full unprefixed state on every rank (collective for a sharded model)."""
+        weights = self.model_state(rank0_only=False)
+        live = {(t.to_local() if hasattr(t, "to_local") else t).data_ptr()
+                for t in self.trainer.network.state_dict().values() if torch.is_tensor(t)}
+        # gathered shards are new tensors already; what still aliases the model (plain tensors, buffers) is copied
+        return {k: v.detach().clone() if v.data_ptr() in live else v for k, v in weights.items()}
+
+    def load_model_state(self, weights: dict[str, Any], strict: bool = True) -> None:
+        """Load a full state into the model (into the shards of a sharded model; every rank holds ``weights``)."""
+        net = self.trainer.parallel_network
+        if net is None:
+            self.trainer.network.load_state_dict(weights, strict=strict)
+        else:
+            net.load_full_state_dict(weights, strict=strict)
+
+    def _module(self) -> torch.nn.Module:
+        """The plain module whose parameter names a sharded checkpoint uses."""
+        net = self.trainer.parallel_network
+        return net.module if net is not None and hasattr(net, "module") else self.trainer.network
 
     def request(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` (a save) once the current hook has reached every callback (Note [checkpoint timing])."""
@@ -148,7 +218,7 @@ class CheckpointConnector:
 
     def save_weights(self, path: str | Path) -> Path:
         """The weights alone (and the config) as a checkpoint file (collective when sharded; rank 0 writes)."""
-        weights = model_state(self.trainer)
+        weights = self.model_state()
         if collective.get_rank() == 0:
             save_checkpoint({"model": weights, "config": self.trainer.config}, path)
         return Path(path)
@@ -243,10 +313,10 @@ class CheckpointConnector:
 
     def _restore_model(self, path: Path, s: dict[str, Any]) -> None:
         if path.is_dir():  # a sharded checkpoint: model and optimizer through DCP (resharded to this run)
-            load_dcp_weights(self.trainer, path)
+            load_app_state(self._module(), self.trainer.optimizer, path)
             return
         try:
-            load_model_state(self.trainer, s["model"])
+            self.load_model_state(s["model"])
         except (RuntimeError, KeyError, ValueError) as e:
             raise CheckpointError(path, f"incompatible with this model: {e}") from None
 
@@ -284,7 +354,7 @@ class CheckpointConnector:
         if not reset_optimizer:  # before anything is loaded
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
-        own = model_state(t, rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
+        own = self.model_state(rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
         if skip_mismatch:
             bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
             if bad:
@@ -292,7 +362,7 @@ class CheckpointConnector:
             own.update({k: v for k, v in weights.items() if k not in bad})
             weights = own
         try:
-            load_model_state(t, weights)
+            self.load_model_state(weights)
         except RuntimeError as e:
             raise CheckpointError(path, f"incompatible with this model (use skip_mismatch=True to load what "
                                         f"matches): {e}") from None
@@ -315,35 +385,7 @@ class CheckpointConnector:
         if not reset_optimizer:
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         t.setup()
-        load_dcp_weights(t, path, optimizer=not reset_optimizer)
-
-
-def check_optimizer(path: str | Path, state: dict[str, Any], optimizer: Any, hint: str) -> None:
-    """Refuse, naming both, a checkpoint whose optimizer state comes from another optimizer class.
-
-    torch would load such a state silently and fail at the first step (``KeyError: 'momentum'``). Checkpoints
-    that do not record the class are checked by their hyperparameter names.
-    """
-    saved_opt = state.get("optimizer")
-    if optimizer is None or not isinstance(saved_opt, dict):
-        return
-    saved = (state.get("meta") or {}).get("optimizer")
-    mine = optimizer_name(optimizer)
-
-    def short(name: Any) -> str:
-        return str(name).rsplit(".", 1)[-1]
-
-    if saved is not None and saved != mine:
-        raise CheckpointError(path, f"its optimizer state comes from {short(saved)} ({saved}) but this run's "
-                                    f"optimizer is {short(mine)} ({mine}); {hint}")
-    groups = saved_opt.get("param_groups") or []
-    own = getattr(optimizer, "inner_opt", optimizer).param_groups
-    if saved is None and groups and own:
-        missing = sorted(set(own[0]) - set(groups[0]) - {"params"})
-        if missing:
-            raise CheckpointError(path, f"its optimizer state lacks the hyperparameters {missing} of this run's "
-                                        f"optimizer {short(mine)} ({mine}): it was written by another optimizer "
-                                        f"class; {hint}")
+        load_app_state(self._module(), None if reset_optimizer else t.optimizer, path)
 
 
 def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
 __all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients"]
 
@@ -109,12 +110,11 @@ def resolve_grad_clip(grad_clip: Any = None, clipnorm: float | None = None, clip
     return out
 
 
-def clip_gradients(trainer) -> None:
-    """Apply the trainer's clippers at an optimizer step (see Note [clip order])."""
-    opt = trainer.optimizer
-    amp = getattr(opt, "amp", None)
+def clip_gradients(optimizer: Any, network: nn.Module, clippers: list[Any]) -> None:
+    """Apply ``clippers`` to ``network``'s gradients at an optimizer step (see Note [clip order])."""
+    amp = getattr(optimizer, "amp", None)
     if amp is not None and amp.uses_scaler:
-        amp.unscale_(opt.inner_opt)
-    params = [p for p in trainer.network.parameters() if p.requires_grad]
-    for clip in trainer.grad_clip:
+        amp.unscale_(optimizer.inner_opt)
+    params = [p for p in network.parameters() if p.requires_grad]
+    for clip in clippers:
         clip(params)

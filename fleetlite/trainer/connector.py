@@ -180,6 +180,7 @@ class Connector:
         if isinstance(network, WrappedModel):
             if self.compile is not None and not network.is_sharded:  # Note [compile in place]
                 network.module.compile(**self.compile)
+            self._warn_uncompiled(network)
             return network, network.module
         network.to(self.device)
         if self.compile is not None:  # Note [compile in place]: before wrapping, once
@@ -187,7 +188,16 @@ class Connector:
         wrapped = fleet.distributed_model(network)
         if self.compile is not None:
             _eager_recompute(wrapped.module)
+        self._warn_uncompiled(wrapped)
         return wrapped, wrapped.module
+
+    def _warn_uncompiled(self, wrapped: WrappedModel) -> None:
+        """Say at the start that ``compile`` does nothing for a sharded (stage 2/3) model rather than train it
+        eagerly in silence: torch.compile never runs on the FSDP2-sharded module."""
+        if self.compile is not None and wrapped.is_sharded and collective.get_rank() == 0:
+            warnings.warn("fleetlite: Trainer(compile=...) has no effect under sharding stage 2/3: the sharded "
+                          "(FSDP2) model runs uncompiled. Drop compile=, or use sharding stage 1 or data parallel "
+                          "to train a compiled model", UserWarning, stacklevel=3)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
         """The optimizer wrapped with the strategy (a ``DistributedOptimizer``, as ``fleet.distributed_optimizer``)

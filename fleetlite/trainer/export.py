@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from torch import nn
 from ..distributed import collective
 from ..utils.atomic import atomic_open, atomic_write_text, default_permissions, fsync_dir, temp_name
 from ..utils.weights import config_path, load_safetensors, read_config, require
-from .state import model_state
 
 __all__ = ["FORMATS", "export_model", "load_safetensors", "read_config", "config_path", "example_inputs_of",
            "require"]
@@ -162,23 +161,22 @@ def example_inputs_of_batch(split_batch, batch: Any) -> tuple[torch.Tensor, ...]
         return ()
 
 
-def trainer_export(t, path: str | os.PathLike, format: str, example_inputs, dynamic_batch: bool,
-                   config: Any = None) -> Path:
-    """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path."""
-    example = tuple(example_inputs) if example_inputs is not None else (t.example_inputs or None)
+def export_collective(network: nn.Module, path: str | os.PathLike, format: str, example: tuple | None,
+                      config: Any, dynamic_batch: bool, full_state: Callable[[], dict] | None = None) -> Path:
+    """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path.
+    ``full_state``: for a sharded (stage 2/3) model, gathers its full weights (collective: every rank calls it)."""
     path = _check(format, Path(path), example)
     full = None
-    if t.parallel_network.is_sharded:  # sharded (stage 2/3): gather the full weights first
+    if full_state is not None:
         if format != "safetensors":
             raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) model is not supported: export "
                              "format='safetensors', load it into a plain model (fleetlite.trainer.export."
                              "load_safetensors) and export that")
-        full = model_state(t, rank0_only=True)  # collective: every rank takes part
+        full = full_state()
     error = None
     if collective.get_rank() == 0:
         try:
-            export_model(t.network, path, format, example, t.config if config is None else config, dynamic_batch,
-                         state=full)
+            export_model(network, path, format, example, config, dynamic_batch, state=full)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
             error = e
     if collective.get_world_size() > 1:

@@ -22,19 +22,7 @@ from .metrics import Metric
 from .torchmetrics_adapter import TorchMetric, is_torchmetric
 from .weighting import SampleWeights, configure_weights
 
-__all__ = ["prepare_fit", "FitSetup", "as_metrics", "resolve_clipping"]
-
-
-class FitSetup(NamedTuple):
-    """What ``fit`` resolved before its loop: the data adapters, the callbacks, the plan, the checkpoint to
-    resume from (read, not yet restored) and the sample weighting of the batches."""
-
-    train: DataAdapter
-    evaluation: DataAdapter | None
-    callbacks: Any
-    plan: FitPlan
-    resume: LoadedCheckpoint | None
-    weighting: SampleWeights
+__all__ = ["FitSetup", "as_metrics", "resolve_clipping"]
 
 
 def as_metrics(metrics: Any) -> list[Metric]:
@@ -61,66 +49,79 @@ def resolve_clipping(current: list[Any], optimizer: Any, grad_clip: Any, clipnor
     return current
 
 
-def _accumulate(t, accumulate_grad_batches: int) -> int | None:
-    """The fit's gradient-merge k: ``accumulate_grad_batches``, else None (the strategy's ``k_steps``)."""
+def _accumulate(k: int, accumulate_grad_batches: int) -> int | None:
+    """The fit's gradient-merge k: ``accumulate_grad_batches``, else None (the strategy's ``k_steps``, ``k``)."""
     if accumulate_grad_batches == 1:
         return None
-    k = t.optimizer.merge.k
     if k > 1 and k != accumulate_grad_batches:
         raise ValueError(f"accumulate_grad_batches={accumulate_grad_batches} conflicts with the strategy's "
                          f"gradient_merge k_steps={k}; set only one of them")
     return accumulate_grad_batches
 
 
-def _checkpoint_dir(t, cbs) -> Path | None:
-    if t.save_dir is not None:
-        return t.save_dir
+def _checkpoint_dir(save_dir: Path | None, cbs) -> Path | None:
+    if save_dir is not None:
+        return save_dir
     dirs = [cb.save_dir for cb in cbs.find(ModelCheckpoint) if cb.save_dir]
     return Path(dirs[0]) if dirs else None
 
 
-def prepare_fit(t, train_data: Any, eval_data: Any, epochs: int, batch_size: int, eval_freq: int, log_freq: int,
+class FitSetup(NamedTuple):
+    """What ``fit`` resolved before its loop: the data adapters, the callbacks, the plan, the checkpoint to
+    resume from (read, not yet restored) and the sample weighting of the batches."""
+
+    train: DataAdapter
+    evaluation: DataAdapter | None
+    callbacks: Any
+    plan: FitPlan
+    resume: LoadedCheckpoint | None
+    weighting: SampleWeights
+
+    @classmethod
+    def prepare(cls, t, train_data: Any, eval_data: Any, epochs: int, batch_size: int, eval_freq: int, log_freq: int,
                 callbacks: Any, shuffle: bool, drop_last: bool, num_workers: int, accumulate_grad_batches: int,
                 num_iters: int | None, resume: Any, verbose: int, seed: int, *,
                 validation_split: float, steps_per_epoch: int | None, validation_steps: int | None,
                 initial_epoch: int, eval_steps: int | None, class_weight: Any, sample_weight: Any) -> FitSetup:
-    """What a fit resolves before its loop (:class:`FitSetup`); changes nothing on the Trainer ``t`` but its
-    wrapping (``t.setup``). ``t.save_dir`` is the fit's ``save_dir`` already (callbacks read it).
+        """What a fit resolves before its loop (:class:`FitSetup`); changes nothing on the Trainer ``t`` but its
+        wrapping (``t.setup``). ``t.save_dir`` is the fit's ``save_dir`` already (callbacks read it).
 
-    Raises before any training when an argument, the data or the resume checkpoint does not fit.
-    """
-    xy = keras_xy(train_data, eval_data, "fit")
-    if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
-        train_data, eval_data = xy, None
-    check_call_order(train_data, eval_data, batch_size, epochs, "keras")
-    train_data, weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
-    train_data, eval_data = apply_keras_options(t, train_data, eval_data, batch_size, shuffle, drop_last,
-                                                num_workers, seed, validation_split, steps_per_epoch,
-                                                validation_steps, initial_epoch, eval_steps)
-    check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
-                   accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-    t.setup(training=True)
-    plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps, _accumulate(t, accumulate_grad_batches))
-    pin = t.device.type == "cuda"
-    train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                          seed=seed, pin_memory=pin, role="train")
-    if train.length() == 0:
-        raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
-                         "nothing: use a smaller batch_size, drop_last=False, or more data")
-    evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, num_workers=num_workers,
-                                                                  pin_memory=pin, role="eval")
-    if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
-        raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
-    if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
-        callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
-    cbs = build_callbacks(t, callbacks, verbose, log_freq, epochs, train, batch_size, True)
-    cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
-    ckpt_dir = _checkpoint_dir(t, cbs)
-    if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
-        resume = "auto"  # BackupAndRestore
-    if resume is None:
-        warn_if_overwriting(ckpt_dir)
-    loaded: LoadedCheckpoint | None = t.checkpoint_connector.read(resume, ckpt_dir, train)
-    return FitSetup(train, evaluation, cbs, plan, loaded, weighting)
+        Raises before any training when an argument, the data or the resume checkpoint does not fit.
+        """
+        xy = keras_xy(train_data, eval_data, "fit")
+        if xy is not None:  # Keras' fit(x, y): the labels came in the eval_data slot
+            train_data, eval_data = xy, None
+        check_call_order(train_data, eval_data, batch_size, epochs, "keras")
+        train_data, weighting = configure_weights(t.loss_fn, train_data, class_weight, sample_weight)
+        t.step_evaluations = []  # fit(eval_steps=...)'s, of this fit
+        train_data, eval_data = apply_keras_options(t.device, train_data, eval_data, batch_size, shuffle, drop_last,
+                                                    num_workers, seed, validation_split, steps_per_epoch,
+                                                    validation_steps, initial_epoch, eval_steps)
+        check_positive(epochs=epochs, batch_size=batch_size, eval_freq=eval_freq, log_freq=log_freq,
+                       accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
+        t.setup(training=True)
+        plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps,
+                       _accumulate(t.optimizer.merge.k, accumulate_grad_batches))
+        pin = t.device.type == "cuda"
+        train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                              seed=seed, pin_memory=pin, role="train")
+        if train.length() == 0:
+            raise ValueError(f"the training data yields no batch ({describe_sizes(train)}), so fit would train "
+                             "nothing: use a smaller batch_size, drop_last=False, or more data")
+        evaluation = None if eval_data is None else build_adapter(eval_data, batch_size, num_workers=num_workers,
+                                                                      pin_memory=pin, role="eval")
+        if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
+            raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
+        if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
+            callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
+        cbs = build_callbacks(t, callbacks, verbose, log_freq, epochs, train, batch_size, True)
+        cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
+        ckpt_dir = _checkpoint_dir(t.save_dir, cbs)
+        if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):
+            resume = "auto"  # BackupAndRestore
+        if resume is None:
+            warn_if_overwriting(ckpt_dir)
+        loaded: LoadedCheckpoint | None = t.checkpoint_connector.read(resume, ckpt_dir, train)
+        return cls(train, evaluation, cbs, plan, loaded, weighting)

@@ -44,13 +44,12 @@ def _split(data: Any, fraction: float) -> tuple[Any, Any]:
                     f"{type(data).__name__}; split it yourself and pass eval_data")
 
 
-def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: int, shuffle: bool,
+def apply_keras_options(device: torch.device, train_data: Any, eval_data: Any, batch_size: int, shuffle: bool,
                         drop_last: bool, num_workers: int, seed: int, validation_split: float,
                         steps_per_epoch: int | None, validation_steps: int | None,
                         initial_epoch: int, eval_steps: int | None = None) -> tuple[Any, Any]:
     """The (train, eval) data after the Keras options (checked; ``initial_epoch``/``eval_steps`` go to the loop)."""
     check_positive(steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, eval_steps=eval_steps)
-    trainer.step_evaluations = []
     if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
         raise ValueError(f"initial_epoch={initial_epoch!r} must be an integer >= 0")
     if validation_split:
@@ -59,7 +58,7 @@ def apply_keras_options(trainer, train_data: Any, eval_data: Any, batch_size: in
         if eval_data is not None:
             raise ValueError("give either eval_data or validation_split, not both")
         train_data, eval_data = _split(train_data, float(validation_split))
-    pin = trainer.device.type == "cuda"
+    pin = device.type == "cuda"
     if steps_per_epoch is not None:
         train = build_adapter(train_data, batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
                               seed=seed, pin_memory=pin, role="train")

@@ -230,7 +230,7 @@ class Model:
             t.optimizer.backward(loss)
             if update:
                 if t.grad_clip:
-                    clip_gradients(t)
+                    clip_gradients(t.optimizer, t.network, t.grad_clip)
                 t.optimizer.step()
                 t.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
         losses = [_numpy(loss).reshape(1)]

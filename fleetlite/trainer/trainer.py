@@ -1,12 +1,9 @@
 """``fleetlite.Trainer``: Keras-style fit/evaluate/predict over the fleet facade (Paddle's ``paddle.Model``).
 
-The loops are in :mod:`~fleetlite.trainer.fit_loop` and :mod:`~fleetlite.trainer.loops`, the progress of a fit in
-:mod:`~fleetlite.trainer.fit_state` (read through this class's read-only
-properties), what ``fit`` resolves before its loop in
-:mod:`~fleetlite.trainer.fit_setup`, data adaptation in
-:mod:`~fleetlite.trainer.data_adapter`, environment and wrapping in
-:mod:`~fleetlite.trainer.connector`, the checkpointed state in
-:mod:`~fleetlite.trainer.state`, saving and restoring it in
+The loops (and the progress of a fit, read through this class's read-only properties) are in
+:mod:`~fleetlite.trainer.fit_loop` and :mod:`~fleetlite.trainer.loops`, what ``fit`` resolves before its loop in
+:mod:`~fleetlite.trainer.fit_setup`, data adaptation in :mod:`~fleetlite.trainer.data_adapter`, environment and
+wrapping in :mod:`~fleetlite.trainer.connector`, what a checkpoint holds and saving and restoring it in
 :mod:`~fleetlite.trainer.checkpoint_connector`. This class holds the model, the steps (override
 ``train_step``/``eval_step``/``predict_step`` as in Keras) and the public API.
 """
@@ -25,7 +22,7 @@ from torch import nn
 from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
-from . import export, state
+from . import export
 from .arguments import check_positive
 from .callbacks import EMA, Callback, CallbackList, History
 from .callbacks._build import build_callbacks
@@ -34,9 +31,8 @@ from .clipping import clip_gradients
 from .config import AgreedConfig, plain_config
 from .connector import Connector, unwrap_compiled
 from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to_device
-from .fit_loop import FitLoop
-from .fit_setup import as_metrics, prepare_fit, resolve_clipping
-from .fit_state import FitState
+from .fit_loop import FitLoop, FitState
+from .fit_setup import FitSetup, as_metrics, resolve_clipping
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
@@ -230,7 +226,7 @@ class Trainer:
         """Step the optimizer and clear the gradients; only at a step boundary (gradient merge)."""
         if self.at_step_boundary:
             if self.grad_clip:
-                clip_gradients(self)  # Note [clip order]
+                clip_gradients(self.optimizer, self.network, self.grad_clip)  # Note [clip order]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -258,7 +254,8 @@ class Trainer:
         inputs, labels = self.split_batch(batch)
         outputs = self.parallel_network(*inputs)
         weights = self.weighting.of_batch(labels, sample)
-        loss = self.compute_loss(outputs, labels) if weights is None else weighted_loss(self, outputs, labels, weights)
+        loss = (self.compute_loss(outputs, labels) if weights is None
+                else weighted_loss(self.loss_fn, self.compute_loss, outputs, labels, weights))
         self.backward(loss)
         self.optimizer_step()
         self.update_metrics(outputs, labels)
@@ -297,10 +294,14 @@ class Trainer:
         Everything is restored, mid-epoch included (Note [resume order] in :mod:`~.checkpoint_connector`).
         ``num_iters`` caps the total optimizer steps; ``seed`` seeds the shuffle of a Dataset. (Preparation:
         :mod:`~.fit_setup`.)
+
+        The logged training ``loss`` is the optimized one: batch means weighted by batch size, so on several ranks
+        it includes the samples a DistributedBatchSampler repeats to fill the last batches (e.g. 0.79875 on 2 ranks
+        where one process logs 0.80074); training metrics, ``val_*`` and ``evaluate`` count real samples only.
         """
         self.terminated_on_nan = None
         self.save_dir = Path(save_dir) if save_dir is not None else None  # the run's directory (callbacks read it)
-        fit = prepare_fit(
+        fit = FitSetup.prepare(
             self, train_data, eval_data, epochs, batch_size, eval_freq, log_freq, callbacks, shuffle, drop_last,
             num_workers, accumulate_grad_batches, num_iters, resume, verbose, seed,
             validation_split=validation_split, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
@@ -406,11 +407,11 @@ class Trainer:
     # -- weights, save/load, summary ----------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
         """A copy of the model's full state_dict (collective under sharding stage 2/3: gathered on every rank)."""
-        return state.full_weights(self)
+        return self.checkpoint_connector.full_weights()
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards)."""
-        state.load_model_state(self, strip_compile_prefix(weights))
+        self.checkpoint_connector.load_model_state(strip_compile_prefix(weights))
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.
@@ -432,7 +433,11 @@ class Trainer:
         The config (default: the Trainer's) goes alongside (``<stem>.json``); the batch size stays dynamic.
         ``example_inputs`` default to two rows of the first batch seen. See :mod:`fleetlite.trainer.export`.
         """
-        return export.trainer_export(self, path, format, example_inputs, dynamic_batch, config)
+        example = tuple(example_inputs) if example_inputs is not None else (self.example_inputs or None)
+        net = self.parallel_network  # (None before setup: a plain model)
+        gather = self.checkpoint_connector.model_state if net is not None and net.is_sharded else None
+        return export.export_collective(self.network, path, format, example, self.config if config is None else config,
+                                        dynamic_batch, gather)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from any checkpoint ``fit`` writes (a

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,14 +97,14 @@ def configure_weights(loss_fn, train_data: Any, class_weight: dict[int, float] |
     return train_data, weights
 
 
-def weighted_loss(trainer, outputs: Any, labels, weights: torch.Tensor) -> torch.Tensor:
-    """``sum(loss_i * w_i) / batch_size`` with the trainer's loss evaluated per sample."""
-    fn = trainer.loss_fn
-    saved = fn.reduction
-    fn.reduction = "none"
+def weighted_loss(loss_fn: Any, compute_loss: Callable[[Any, Any], torch.Tensor], outputs: Any, labels,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """``sum(loss_i * w_i) / batch_size`` with ``compute_loss`` (the Trainer's, over ``loss_fn``) per sample."""
+    saved = loss_fn.reduction
+    loss_fn.reduction = "none"
     try:
-        per_sample = trainer.compute_loss(outputs, labels)
+        per_sample = compute_loss(outputs, labels)
     finally:
-        fn.reduction = saved
+        loss_fn.reduction = saved
     per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(1) if per_sample.dim() > 1 else per_sample
     return (per_sample * weights.to(per_sample.device, per_sample.dtype)).sum() / per_sample.shape[0]

@@ -3,7 +3,7 @@
 import torch
 from trainer_helpers import dataset, trainer
 
-from fleetlite.trainer.fit_state import FitState
+from fleetlite.trainer.fit_loop import FitState
 
 
 def test_state_dict_round_trip_and_running_sums():
@@ -34,7 +34,7 @@ def test_trainer_progress_is_read_only_and_lives_in_fit_state():
 def test_progress_round_trips_every_field():
     from dataclasses import fields
 
-    from fleetlite.trainer.fit_state import FitProgress
+    from fleetlite.trainer.fit_loop import FitProgress
 
     values = {"epoch": 3, "global_step": 11, "batch_in_epoch": 2, "epoch_finished": True, "pass_done": True,
               "accumulate_grad_batches": 4}

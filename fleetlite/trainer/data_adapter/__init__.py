@@ -17,7 +17,7 @@ plain ``DataLoader``,      rebuilt over a ``DistributedBatchSampler`` (``split_p
 several ranks              kept whole with a warning when its sampler is custom
 any other iterable         :class:`DataAdapter` (``base``): the whole data on every rank, not sharded;
                            mid-epoch resume replays it (Note [resume replay] in
-                           :mod:`fleetlite.trainer.state`)
+                           :mod:`fleetlite.trainer.checkpoint_connector`)
 ========================== =========================================================================
 
 Batch helpers of the loops (``batch_length``, ``to_device``, Keras' ``(x, y)`` arguments) are in

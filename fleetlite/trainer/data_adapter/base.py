@@ -5,7 +5,7 @@ the rest being padding), the position for checkpoints, whether the data is split
 dataset indices of each batch (for ``predict`` in dataset order). Each input kind has its own small
 subclass (:mod:`fleetlite.trainer.data_adapter`); this base is the kind that knows nothing: an iterable
 used as it is, not split across ranks, resumed by replaying it (Note [resume replay] in
-:mod:`fleetlite.trainer.state`).
+:mod:`fleetlite.trainer.checkpoint_connector`).
 """
 
 from __future__ import annotations

@@ -31,10 +31,9 @@ def _fit(ckpt, stage, stop=None, resume=None):
     cbs = [C.LRScheduler(sched, by_step=True), C.ModelCheckpoint(ckpt, save_freq=None, save_steps=1)]
     cbs += [StopAt(stop)] if stop else []
     t.fit(IndexedDataset(32), epochs=2, batch_size=4, callbacks=cbs, resume=resume, verbose=0)
-    from fleetlite.trainer.state import model_state
 
     lrs = [g["lr"] for g in t.optimizer.param_groups]
-    return {k: v.clone() for k, v in model_state(t, rank0_only=False).items()}, lrs, t.global_step
+    return {k: v.clone() for k, v in t.checkpoint_connector.model_state(rank0_only=False).items()}, lrs, t.global_step
 
 
 def _trainer_resume(rank, world, root, stage):

@@ -31,9 +31,8 @@ def _fit(ckpt, stop=None, resume=None, strategy=STAGE3, epochs=2, async_save=Fal
     cbs = [C.ModelCheckpoint(ckpt, save_freq=None, save_steps=1, keep_last=2, **kw)]
     cbs += [StopAt(stop)] if stop else []
     t.fit(IndexedDataset(40), epochs=epochs, batch_size=4, callbacks=cbs, resume=resume, verbose=0)
-    from fleetlite.trainer.state import model_state
 
-    return t.seen, t.global_step, model_state(t, rank0_only=False)
+    return t.seen, t.global_step, t.checkpoint_connector.model_state(rank0_only=False)
 
 
 def _same_world(rank, world, root, strategy, async_save):

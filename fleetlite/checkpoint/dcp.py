@@ -68,11 +68,11 @@ _DCP_NOTICE = "torch.distributed is disabled, unavailable or uninitialized"
 @contextlib.contextmanager
 def _dcp_call():
     """DCP warns on every single-process save and load ("torch.distributed is disabled ... assuming the intent is
-    to save in a single process"): in one process that is exactly fleetlite's intent, so the notice is noise. An
-    async save warns from its writer thread, after this block: the filter (that one message only) stays."""
-    if not any(f[0] == "ignore" and f[1] is not None and f[1].pattern == _DCP_NOTICE for f in warnings.filters):
+    to save in a single process"): in one process that is exactly fleetlite's intent, so the notice is noise
+    here. An async save still gives it (torch warns from its writer thread too, after any block of ours)."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DCP_NOTICE)
-    yield
+        yield
 
 
 def _ckpt_group():
@@ -169,8 +169,7 @@ def save(state: dict[str, Any], path: str | os.PathLike, *, rank0_files: dict[st
     group = _ckpt_group()
     if async_save:
         # Note [stage only this rank's share]
-        with _dcp_call():
-            future = dcp.async_save(own_share(state, group), checkpoint_id=str(tmp), process_group=group)
+        future = dcp.async_save(own_share(state, group), checkpoint_id=str(tmp), process_group=group)
         future = getattr(future, "upload_completion", future)
         return PendingSave(future, tmp, final, full_meta, latest)
     with _dcp_call():

@@ -12,8 +12,7 @@ from typing import Any, NamedTuple
 
 from ..checkpoint import LoadedCheckpoint, warn_if_overwriting
 from .arguments import check_positive
-from .callbacks import ModelCheckpoint
-from .callbacks._build import build_callbacks
+from .callbacks import CallbackList, ModelCheckpoint
 from .clipping import resolve_grad_clip
 from .data_adapter import DataAdapter, build_adapter, describe_sizes, keras_xy
 from .keras_fit import apply_keras_options, check_call_order
@@ -116,7 +115,8 @@ class FitSetup(NamedTuple):
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
         if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
             callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
-        cbs = build_callbacks(t, callbacks, verbose, log_freq, epochs, train, batch_size, True)
+        cbs = CallbackList.for_call(callbacks, t, verbose=verbose, log_freq=log_freq, epochs=epochs, train=train,
+                                    batch_size=batch_size)
         cbs.params["eval_freq"] = eval_freq if evaluation is not None else None
         ckpt_dir = _checkpoint_dir(t.save_dir, cbs)
         if resume is None and any(getattr(cb, "_auto_resume", False) for cb in cbs):

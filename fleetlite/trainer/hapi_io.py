@@ -8,7 +8,7 @@ them), so it imports neither the Trainer nor the callbacks: it works on the Trai
 # Note [collective hapi save]
 Under sharding the weights and the optimizer state are spread over the ranks: gathering them
 (``trainer.get_weights()``, the fleet optimizer's ``state_dict()``) is a collective every rank must join, in
-the same order. So :func:`save_prefix` runs on every rank (``fit``'s callbacks and ``Model.save`` call it on
+the same order. So :meth:`PaddleFiles.save` runs on every rank (``fit``'s callbacks and ``Model.save`` call it on
 every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang (issue 23, item 3).
 
 # Note [safe loads]
@@ -18,9 +18,9 @@ ints under ``'fleet_amp'``) need nothing beyond torch's default allow-list.
 
 Example::
 
-    from fleetlite.trainer.hapi_io import load_prefix, save_prefix
-    save_prefix(trainer, "ckpt/final")          # ckpt/final.pdparams + ckpt/final.pdopt (collective; rank 0 writes)
-    load_prefix(trainer, "ckpt/final", skip_mismatch=False, reset_optimizer=False)
+    from fleetlite.trainer.hapi_io import PaddleFiles
+    PaddleFiles(trainer).save("ckpt/final")     # ckpt/final.pdparams + ckpt/final.pdopt (collective; rank 0 writes)
+    PaddleFiles(trainer).load("ckpt/final", skip_mismatch=False, reset_optimizer=False)
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ import torch
 from ..distributed import collective
 from ..utils.atomic import atomic_open
 
-__all__ = ["save_prefix", "load_prefix", "strip_postfix", "safe_load", "save_program", "spec_inputs",
-           "PROGRAM_SUFFIX"]
+__all__ = ["PaddleFiles", "strip_postfix", "safe_load", "spec_inputs", "PROGRAM_SUFFIX"]
 
 #: what ``Model.save(path, training=False)`` writes the inference program to: ``{path}.pt2``, a ``torch.export``
 #: program saved with ``torch.export.save`` (Paddle names its program ``{path}.pdmodel``; ``torch.export.load``
@@ -71,45 +70,6 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
         torch.save(obj, f)
 
 
-def _optimizer_state(trainer) -> dict[str, Any] | None:
-    """The full optimizer state (collective under sharding, full on rank 0), or None without an optimizer."""
-    opt = trainer.optimizer if trainer.optimizer is not None else trainer.user_optimizer
-    return opt.state_dict() if opt is not None else None
-
-
-def _sharded(trainer) -> bool:
-    """Whether the run shards weights or optimizer state (the strategy says so), so a save must be collective."""
-    strategy = trainer.strategy
-    return strategy is not None and strategy.sharding_enabled and collective.is_initialized()
-
-
-def save_prefix(trainer, path: str) -> None:
-    """Write ``{path}.pdparams`` and ``{path}.pdopt``; rank 0 writes.
-
-    Under sharding it is collective (Note [collective hapi save]): every rank calls it, and it returns on every
-    rank once rank 0 has written (or raises on every rank when rank 0 could not). Without sharding nothing is
-    gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
-    """
-    path = strip_postfix(os.fspath(path))
-    together = _sharded(trainer)
-    weights = trainer.get_weights()  # collective under sharding
-    opt_state = _optimizer_state(trainer)  # collective under sharding
-    error = None
-    if collective.get_rank() == 0:
-        try:
-            _atomic_torch_save(weights, path + ".pdparams")
-            if opt_state:
-                _atomic_torch_save(opt_state, path + ".pdopt")
-        except OSError as e:
-            if not together:
-                raise
-            error = f"rank 0 could not write {path}.pdparams/.pdopt: {e}"
-    if together:  # also the barrier: the files exist when save returns, on every rank
-        error = collective.all_gather_object(error)[0]
-        if error is not None:
-            raise OSError(f"{error}; check that the directory is writable and has space")
-
-
 def spec_inputs(specs) -> tuple[torch.Tensor, ...]:
     """Example inputs built from Paddle's ``InputSpec``s: free dimensions (``None``/-1) are 2, values are zeros of
     the spec's dtype (what ``torch.export`` traces with; the batch dimension stays dynamic)."""
@@ -123,69 +83,116 @@ def spec_inputs(specs) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def save_program(trainer, path: str, example_inputs: tuple[torch.Tensor, ...]) -> str | None:
-    """Write the inference program ``{path}.pt2``: a ``torch.export`` program of ``trainer.network`` in eval
-    mode, traced with ``example_inputs``, batch dimension dynamic (``Trainer.export``; rank 0 writes). It runs
-    without the model's class: ``torch.export.load(path + ".pt2").module()(x)``. A sharded (stage 2/3) model
-    is not exported (the program of one rank's shards would be wrong): a warning says so and None is returned."""
-    program = strip_postfix(path) + PROGRAM_SUFFIX
-    if trainer.parallel_network.is_sharded:
-        warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 wrote the weights "
-                      f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
-                      "the plain network in one process and call save(path, training=False) there", stacklevel=3)
-        return None
-    if not example_inputs:
-        raise RuntimeError(f"Model.save({path!r}, training=False) wrote the weights ({strip_postfix(path)}.pt) but "
-                           f"cannot trace the inference program {program}: the batches seen hold no tensor inputs; "
-                           "pass Model(net, inputs=[InputSpec([None, ...], 'float32', 'x')])")
-    trainer.export(program, format="torch.export", example_inputs=example_inputs)
-    return program
-
-
 def _missing(path: str, prefix: str) -> ValueError:
     return ValueError(f"Model.load({path!r}): no parameter file {prefix}.pdparams (Model.save(path) writes it), "
                       f"nor {prefix}.pt (Model.save(path, training=False) writes it), nor a checkpoint at {path}; "
                       "check the path")
 
 
-def load_prefix(trainer, path: str, skip_mismatch: bool, reset_optimizer: bool,
-                other: Callable[[str, bool, bool], Any] | None = None) -> None:
-    """Paddle's ``Model.load``: the parameters of ``{path}.pdparams`` and, unless ``reset_optimizer``, the optimizer
-    state of ``{path}.pdopt``. Without ``.pdparams``: what ``save(path, training=False)`` wrote (``{path}.pt``) or
-    a fleetlite checkpoint at ``path``, read by ``other(path, skip_mismatch, reset_optimizer)`` (default:
-    ``trainer.load``, the Trainer's loader)."""
-    path = os.fspath(path)
-    prefix = strip_postfix(path)
-    params_path = prefix + ".pdparams"
-    if not os.path.isfile(params_path):
-        for candidate in (prefix + ".pt", path):
-            if os.path.exists(candidate) and candidate != params_path:
-                (other or trainer.load)(candidate, skip_mismatch, reset_optimizer)
-                return
-        raise _missing(path, prefix)
-    state = safe_load(params_path)
-    if not state:
-        raise ValueError(f"Failed to load parameters, please check path: {params_path} is empty")
-    own = trainer.network.state_dict()
-    matched = {}
-    for key, param in own.items():
-        try:
-            if key not in state:
-                raise ValueError(f"{key} is not found in the providing file.")
-            if tuple(state[key].shape) != tuple(param.shape):
-                raise ValueError(f"{key} receives a shape {list(state[key].shape)}, but the expected shape is "
-                                 f"{list(param.shape)}.")
-        except ValueError as err:
-            if skip_mismatch:
-                warnings.warn(f"Skip loading for {key}. {err}", stacklevel=3)
-                continue
-            raise
-        matched[key] = state[key]
-    full = trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
-    full.update(matched)
-    trainer.set_weights(full)
-    opt_path = prefix + ".pdopt"
-    if not reset_optimizer and os.path.isfile(opt_path) and trainer.user_optimizer is not None:
-        opt_state = safe_load(opt_path)
-        trainer.setup()
-        trainer.optimizer.load_state_dict(opt_state)  # collective under sharding
+class PaddleFiles:
+    """Paddle's files of one Trainer: ``{path}.pdparams``/``{path}.pdopt`` (``save``/``load``, Paddle's
+    ``Model.save``/``Model.load``) and the inference program ``{path}.pt2`` (``save_program``).
+
+    Example::
+
+        PaddleFiles(trainer).save("ckpt/final")      # ckpt/final.pdparams, ckpt/final.pdopt
+    """
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        """The full optimizer state (collective under sharding, full on rank 0), or None without an optimizer."""
+        opt = self.trainer.optimizer if self.trainer.optimizer is not None else self.trainer.user_optimizer
+        return opt.state_dict() if opt is not None else None
+
+    def _sharded(self) -> bool:
+        """Whether the run shards weights or optimizer state (the strategy says so), so a save must be collective."""
+        strategy = self.trainer.strategy
+        return strategy is not None and strategy.sharding_enabled and collective.is_initialized()
+
+    def save(self, path: str) -> None:
+        """Write ``{path}.pdparams`` and ``{path}.pdopt``; rank 0 writes.
+
+        Under sharding it is collective (Note [collective hapi save]): every rank calls it, and it returns on every
+        rank once rank 0 has written (or raises on every rank when rank 0 could not). Without sharding nothing is
+        gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
+        """
+        path = strip_postfix(os.fspath(path))
+        together = self._sharded()
+        weights = self.trainer.get_weights()  # collective under sharding
+        opt_state = self._optimizer_state()  # collective under sharding
+        error = None
+        if collective.get_rank() == 0:
+            try:
+                _atomic_torch_save(weights, path + ".pdparams")
+                if opt_state:
+                    _atomic_torch_save(opt_state, path + ".pdopt")
+            except OSError as e:
+                if not together:
+                    raise
+                error = f"rank 0 could not write {path}.pdparams/.pdopt: {e}"
+        if together:  # also the barrier: the files exist when save returns, on every rank
+            error = collective.all_gather_object(error)[0]
+            if error is not None:
+                raise OSError(f"{error}; check that the directory is writable and has space")
+
+    def save_program(self, path: str, example_inputs: tuple[torch.Tensor, ...]) -> str | None:
+        """Write the inference program ``{path}.pt2``: a ``torch.export`` program of ``trainer.network`` in eval
+        mode, traced with ``example_inputs``, batch dimension dynamic (``Trainer.export``; rank 0 writes). It runs
+        without the model's class: ``torch.export.load(path + ".pt2").module()(x)``. A sharded (stage 2/3) model
+        is not exported (the program of one rank's shards would be wrong): a warning says so and None is returned."""
+        program = strip_postfix(path) + PROGRAM_SUFFIX
+        if self.trainer.parallel_network.is_sharded:
+            warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 wrote the weights "
+                          f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
+                          "the plain network in one process and call save(path, training=False) there", stacklevel=3)
+            return None
+        if not example_inputs:
+            raise RuntimeError(f"Model.save({path!r}, training=False) wrote the weights ({strip_postfix(path)}.pt) but "
+                               f"cannot trace the inference program {program}: the batches seen hold no tensor inputs; "
+                               "pass Model(net, inputs=[InputSpec([None, ...], 'float32', 'x')])")
+        self.trainer.export(program, format="torch.export", example_inputs=example_inputs)
+        return program
+
+    def load(self, path: str, skip_mismatch: bool, reset_optimizer: bool,
+                    other: Callable[[str, bool, bool], Any] | None = None) -> None:
+        """Paddle's ``Model.load``: the parameters of ``{path}.pdparams`` and, unless ``reset_optimizer``, the optimizer
+        state of ``{path}.pdopt``. Without ``.pdparams``: what ``save(path, training=False)`` wrote (``{path}.pt``) or
+        a fleetlite checkpoint at ``path``, read by ``other(path, skip_mismatch, reset_optimizer)`` (default:
+        ``trainer.load``, the Trainer's loader)."""
+        path = os.fspath(path)
+        prefix = strip_postfix(path)
+        params_path = prefix + ".pdparams"
+        if not os.path.isfile(params_path):
+            for candidate in (prefix + ".pt", path):
+                if os.path.exists(candidate) and candidate != params_path:
+                    (other or self.trainer.load)(candidate, skip_mismatch, reset_optimizer)
+                    return
+            raise _missing(path, prefix)
+        state = safe_load(params_path)
+        if not state:
+            raise ValueError(f"Failed to load parameters, please check path: {params_path} is empty")
+        own = self.trainer.network.state_dict()
+        matched = {}
+        for key, param in own.items():
+            try:
+                if key not in state:
+                    raise ValueError(f"{key} is not found in the providing file.")
+                if tuple(state[key].shape) != tuple(param.shape):
+                    raise ValueError(f"{key} receives a shape {list(state[key].shape)}, but the expected shape is "
+                                     f"{list(param.shape)}.")
+            except ValueError as err:
+                if skip_mismatch:
+                    warnings.warn(f"Skip loading for {key}. {err}", stacklevel=3)
+                    continue
+                raise
+            matched[key] = state[key]
+        full = self.trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
+        full.update(matched)
+        self.trainer.set_weights(full)
+        opt_path = prefix + ".pdopt"
+        if not reset_optimizer and os.path.isfile(opt_path) and self.trainer.user_optimizer is not None:
+            opt_state = safe_load(opt_path)
+            self.trainer.setup()
+            self.trainer.optimizer.load_state_dict(opt_state)  # collective under sharding

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .hapi_io import load_prefix, save_prefix
+from .hapi_io import PaddleFiles
 from .trainer import Trainer
 
 __all__ = ["HapiTrainer", "to_list"]
@@ -120,10 +120,10 @@ class HapiTrainer(Trainer):
     def save(self, path: str | os.PathLike, training: bool = True) -> Any:
         """Paddle's ``Model.save`` with ``training=True`` (``{path}.pdparams``/``.pdopt``); else the Trainer's."""
         if training:
-            return save_prefix(self, os.fspath(path))
+            return PaddleFiles(self).save(os.fspath(path))
         return Trainer.save(self, path, training=False)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> Any:
         """Paddle's ``Model.load`` (``.pdparams``/``.pdopt``; a ``.pt`` through the Trainer's loader)."""
-        return load_prefix(self, os.fspath(path), skip_mismatch, reset_optimizer,
-                           other=lambda p, skip, reset: Trainer.load(self, p, skip, reset))
+        return PaddleFiles(self).load(os.fspath(path), skip_mismatch, reset_optimizer,
+                                      other=lambda p, skip, reset: Trainer.load(self, p, skip, reset))

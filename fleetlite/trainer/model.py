@@ -54,7 +54,7 @@ from .clipping import clip_gradients, resolve_grad_clip
 from .data_adapter import DataAdapter, LimitedAdapter, build_adapter
 from .export import example_inputs_of
 from .hapi_amp import amp_strategy
-from .hapi_io import save_program, spec_inputs
+from .hapi_io import PaddleFiles, spec_inputs
 from .hapi_trainer import HapiTrainer, to_list
 from .keras_fit import check_call_order
 from .metrics import Metric
@@ -368,7 +368,7 @@ class Model:
         t.setup()
         t.save(path, training=False)  # the Trainer's inference weights file, {path}.pt: Model.load reads it
         example = spec_inputs(self._inputs) if self._inputs is not None else t.example_inputs
-        save_program(t, path, tuple(example))  # {path}.pt2: the torch.export program
+        PaddleFiles(t).save_program(path, tuple(example))  # {path}.pt2: the torch.export program
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
         """Paddle's ``Model.load`` of ``{path}.pdparams`` (and ``.pdopt`` unless ``reset_optimizer``).

@@ -25,7 +25,6 @@ from ..utils.weights import strip_compile_prefix
 from . import export
 from .arguments import check_positive
 from .callbacks import EMA, Callback, CallbackList, History
-from .callbacks._build import build_callbacks
 from .checkpoint_connector import CheckpointConnector
 from .clipping import clip_gradients
 from .config import AgreedConfig, plain_config
@@ -337,7 +336,8 @@ class Trainer:
         data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
         if steps is not None:
             data = LimitedAdapter.wrap(data, steps)
-        cbs = build_callbacks(self, callbacks, verbose, log_freq, 1, None, batch_size, history=False)
+        cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=log_freq, epochs=1,
+                                    batch_size=batch_size, history=False)
         logs = EvaluationLoop(self).run(data, cbs)
         if return_dict:
             return logs
@@ -363,7 +363,8 @@ class Trainer:
         adapter = build_adapter(x, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
         if steps is not None:
             adapter = LimitedAdapter.wrap(adapter, steps)
-        cbs = build_callbacks(self, callbacks, verbose, 10, 1, None, batch_size, history=False)
+        cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=10, epochs=1, batch_size=batch_size,
+                                    history=False)
         writer = None
         if output_dir is not None:
             writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)

@@ -35,7 +35,6 @@ module                      callbacks
 ``profiler``                :class:`Profiler`
 ``lambda_callback``         :class:`LambdaCallback`
 ``paddle``                  Paddle's ModelCheckpoint, LRScheduler, EarlyStopping, ReduceLROnPlateau; fit defaults
-``_build``                  the callback list of a Trainer call (not exported)
 =========================== =============================================================================
 
 Example::

@@ -10,6 +10,10 @@ from typing import Any
 
 from ...utils.user_warning import warn_user
 from .base import Callback
+from .history import History
+from .lr_monitor import LearningRateMonitor
+from .model_checkpoint import ModelCheckpoint
+from .progress import ProgressBar
 
 __all__ = ["CallbackList"]
 
@@ -33,6 +37,30 @@ class CallbackList:
         if trainer is not None:
             self.set_model(trainer)
         self.set_params(self.params)
+
+    @classmethod
+    def for_call(cls, callbacks: Iterable[Callback] | None, trainer, *, verbose: int, log_freq: int, epochs: int,
+                 train=None, batch_size: int, history: bool = True) -> CallbackList:
+        """The callbacks of one fit/evaluate/predict call (Keras' ``CallbackList(add_history=, add_progbar=)``):
+        the user's, plus History, a ProgressBar (unless ``verbose=0`` or one is given) and, when the Trainer has
+        a ``save_dir`` (``fit(save_dir=...)``), an epoch ModelCheckpoint; a LearningRateMonitor goes first, so
+        its rate feeds every logger and History."""
+        given = list(callbacks or [])
+        for cb in given:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be fleetlite.callbacks.Callback instances, got {type(cb).__name__}")
+        extra: list[Callback] = []
+        if history and not any(isinstance(cb, History) for cb in given):
+            extra.append(History())
+        if verbose and not any(isinstance(cb, ProgressBar) for cb in given):
+            extra.append(ProgressBar(log_freq=log_freq, verbose=verbose))
+        if history and trainer.save_dir is not None and not any(isinstance(cb, ModelCheckpoint) for cb in given):
+            given.append(ModelCheckpoint(save_dir=str(trainer.save_dir)))
+        params = {"epochs": epochs, "steps": train.length() if train is not None else None, "verbose": verbose,
+                  "log_freq": log_freq, "batch_size": batch_size, "world_size": trainer.world_size}
+        first = [cb for cb in given if isinstance(cb, LearningRateMonitor)]
+        rest = [cb for cb in given if not isinstance(cb, LearningRateMonitor)]
+        return cls(first + extra + rest, trainer=trainer, params=params)
 
     def append(self, callback: Callback) -> None:
         if not isinstance(callback, Callback):

@@ -39,20 +39,15 @@ from .base import Callback
 __all__ = ["EMA"]
 
 
-def _sharded(trainer) -> bool:
-    """Whether the network is sharded by stage 2/3 (the WrappedModel protocol says so)."""
-    return trainer.parallel_network.is_sharded
-
-
-def _set_full_weights(trainer, weights: dict[str, torch.Tensor]) -> None:
-    """``trainer.set_weights(weights)`` into a sharded network (collective). Stage 2 keeps the parameters
-    unsharded after a forward without backward (an evaluation), and loading a full state into them fails
-    ("mixed torch.Tensor and DTensor"): reshard first (``FSDPModule.reshard``, torch's public API)."""
-    for m in trainer.network.modules():
+def _set_full_weights(network: torch.nn.Module, set_weights, weights: dict[str, torch.Tensor]) -> None:
+    """``set_weights(weights)`` (the Trainer's) into a sharded ``network`` (collective). Stage 2 keeps the
+    parameters unsharded after a forward without backward (an evaluation), and loading a full state into them
+    fails ("mixed torch.Tensor and DTensor"): reshard first (``FSDPModule.reshard``, torch's public API)."""
+    for m in network.modules():
         reshard = getattr(m, "reshard", None)
         if callable(reshard) and type(m).__name__.startswith("FSDP"):
             reshard()
-    trainer.set_weights(dict(weights))
+    set_weights(dict(weights))
 
 
 class _FullAverage:
@@ -129,7 +124,7 @@ class EMA(Callback):
 
     def _build(self) -> None:
         t = self.trainer
-        if self.averaged is None and _sharded(t):  # Note [EMA under sharding]
+        if self.averaged is None and t.parallel_network.is_sharded:  # Note [EMA under sharding]
             names = {n for n, _ in t.network.named_parameters()}
             self.averaged = _FullAverage(t.get_weights(), names, self.decay, self.use_buffers)
         elif self.averaged is None:
@@ -156,7 +151,7 @@ class EMA(Callback):
         t = self.trainer
         if isinstance(self.averaged, _FullAverage):
             self._saved = t.get_weights()  # collective (eval hooks run on every rank)
-            _set_full_weights(t, self.averaged.weights)
+            _set_full_weights(t.network, t.set_weights, self.averaged.weights)
             return
         net = t.network
         self._saved = {k: v.detach().clone() for k, v in net.state_dict().items()}
@@ -164,7 +159,7 @@ class EMA(Callback):
 
     def _swap_out(self) -> None:
         if self._saved is not None and isinstance(self.averaged, _FullAverage):
-            _set_full_weights(self.trainer, self._saved)
+            _set_full_weights(self.trainer.network, self.trainer.set_weights, self._saved)
             self._saved = None
         elif self._saved is not None:
             with torch.no_grad():
@@ -192,7 +187,7 @@ class EMA(Callback):
         if self.averaged is None:
             raise RuntimeError("EMA has no average yet: it starts when fit runs with this callback")
         if isinstance(self.averaged, _FullAverage) and self.trainer is not None and module is self.trainer.network:
-            _set_full_weights(self.trainer, self.averaged.weights)
+            _set_full_weights(self.trainer.network, self.trainer.set_weights, self.averaged.weights)
             return
         src = self.averaged.module.state_dict()
         with torch.no_grad():

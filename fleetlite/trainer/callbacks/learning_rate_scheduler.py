@@ -29,7 +29,7 @@ class LearningRateScheduler(Callback):
         self.verbose = verbose
 
     def on_epoch_begin(self, epoch, logs=None):
-        groups = param_groups(self.trainer)
+        groups = param_groups(getattr(self.trainer, "user_optimizer", None))
         lr = float(groups[0]["lr"])
         try:
             new = self.schedule(epoch, lr)

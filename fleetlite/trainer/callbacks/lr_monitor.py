@@ -21,8 +21,8 @@ def learning_rates(optimizer) -> dict[str, float]:
     return {f"lr/pg{i}": v for i, v in enumerate(lrs)}
 
 
-def param_groups(trainer) -> list[dict[str, Any]]:
-    opt = getattr(trainer, "user_optimizer", None)
+def param_groups(opt: Any) -> list[dict[str, Any]]:
+    """The param groups of ``opt`` (the user's optimizer), whose ``lr`` a callback changes."""
     if opt is None:
         raise ValueError("this callback changes the learning rate, but the model has no optimizer; give one to "
                          "prepare()/compile() first")

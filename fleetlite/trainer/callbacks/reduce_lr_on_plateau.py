@@ -56,7 +56,7 @@ class PlateauRule(MonitorMixin):
         elif not self.in_cooldown():
             self.wait += 1
             if self.wait >= self.patience:
-                groups = param_groups(self.trainer)
+                groups = param_groups(getattr(self.trainer, "user_optimizer", None))
                 reduced = False
                 for g in groups:
                     if float(g["lr"]) > float(torch.tensor(self.min_lr, dtype=torch.float32)):

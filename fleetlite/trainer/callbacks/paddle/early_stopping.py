@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from ...hapi_io import save_prefix
+from ...hapi_io import PaddleFiles
 from ..base import Callback, is_rank_zero
 from ..monitor import MonitorMixin, monitor_value, resolve_mode
 from .hints import evaluation_hint
@@ -79,7 +79,7 @@ class EarlyStopping(MonitorMixin, Callback):
             self.best_value = current
             self.wait_epoch = 0
             if self.save_best_model and self.save_dir is not None:
-                save_prefix(self.trainer, os.path.join(self.save_dir, "best_model"))  # collective
+                PaddleFiles(self.trainer).save(os.path.join(self.save_dir, "best_model"))  # collective
         else:
             self.wait_epoch += 1
         if self.wait_epoch >= self.patience:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ...hapi_io import save_prefix
+from ...hapi_io import PaddleFiles
 from ..base import Callback, is_rank_zero
 
 __all__ = ["ModelCheckpoint"]
@@ -42,7 +42,7 @@ class ModelCheckpoint(Callback):
         path = f"{self.save_dir}/{name}"
         if is_rank_zero():
             print(f"save checkpoint at {os.path.abspath(path)}")
-        save_prefix(self.trainer, path)  # collective: every rank (Note [collective hapi save])
+        PaddleFiles(self.trainer).save(path)  # collective: every rank (Note [collective hapi save])
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

@@ -33,6 +33,7 @@ import torch.distributed as td
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from .....parallel.wrapped import WrappedModel
 from .layers import PipelineLayer
 
 __all__ = ["PipelineParallel"]
@@ -58,7 +59,7 @@ def _group_ranks(group: Any) -> list[int]:
     return td.get_process_group_ranks(group) if group is not None else list(range(td.get_world_size()))
 
 
-class PipelineParallel(nn.Module):
+class PipelineParallel(WrappedModel):
     """Paddle's ``PipelineParallel``: what ``fleet.distributed_model`` returns for a :class:`PipelineLayer`.
 
     ``hcg``: a ``HybridCommunicateGroup`` (its pipe and data groups are used);
@@ -149,6 +150,11 @@ class PipelineParallel(nn.Module):
         loss = self._layers._loss_fn(output, self._label_mbs[int(index)])
         self._mb_losses[int(index)] = loss.detach()
         return self._scaler.scale(loss) if self._scaler is not None else loss
+
+    @property
+    def module(self) -> nn.Module:
+        """This rank's stage, the :class:`PipelineLayer` (the ``WrappedModel`` protocol's plain model)."""
+        return self._layers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """This stage's layers alone (no pipeline): use :meth:`train_batch` / :meth:`eval_batch` to run the model."""

@@ -50,7 +50,7 @@ from .dcp_reader import SafeReader, read_metadata
 from .files import CheckpointError
 from .pointer import point_latest
 
-__all__ = ["MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "read_full", "validate",
+__all__ = ["MARKER", "RANK0_FILE", "PendingSave", "save", "own_share", "load", "read_full", "validate", "saved_keys",
            "is_checkpoint_dir"]
 
 MARKER = "fleetlite.json"
@@ -266,13 +266,14 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def load(state: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
-    """Load a validated checkpoint directory into ``state`` in place (collective; reshards to ``state``'s layout)."""
+def load(state: dict[str, Any], path: str | os.PathLike, subset: bool = False) -> dict[str, Any]:
+    """Load a validated checkpoint directory into ``state`` in place (collective; reshards to ``state``'s layout).
+    ``subset``: this rank's model is a part of the saved one (a pipeline stage): saved entries it lacks are fine."""
     import torch.distributed.checkpoint as dcp  # loads in ~0.6 s: on use
 
     meta = validate(path)
     if isinstance(state.get("model"), dict):
-        _check_model_keys(path, state["model"])
+        _check_model_keys(path, state["model"], subset)
     try:
         with _dcp_call():
             dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)), process_group=_ckpt_group())
@@ -288,12 +289,18 @@ def _saved(path: Path, key: str = "model") -> dict[str, Any]:
     return {k[len(key) + 1:]: m for k, m in items if k.startswith(key + ".")}
 
 
-def _check_model_keys(path: Path, model_state: dict[str, Any]) -> None:
+def saved_keys(path: str | os.PathLike) -> list[str]:
+    """Every entry the checkpoint directory ``path`` holds, by DCP's flattened key (``model.fc.weight``...)."""
+    return list(read_metadata(str(path)).state_dict_metadata)  # Note [safe DCP metadata]
+
+
+def _check_model_keys(path: Path, model_state: dict[str, Any], subset: bool = False) -> None:
     """A clear error naming missing/unexpected/reshaped weights before DCP starts (a foreign model's checkpoint)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     saved = _saved(path)
-    missing, unexpected = sorted(set(model_state) - set(saved)), sorted(set(saved) - set(model_state))
+    missing = sorted(set(model_state) - set(saved))
+    unexpected = [] if subset else sorted(set(saved) - set(model_state))
     reshaped = sorted(k for k, v in model_state.items() if k in saved and torch.is_tensor(v)
                       and isinstance(saved[k], TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape))
     if missing or unexpected or reshaped:

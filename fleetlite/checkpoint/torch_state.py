@@ -9,6 +9,14 @@ format as any other optimizer's (``get_optimizer_state_dict``), with the
 global parameter groups, so each rank writes only its own partition's state
 (no consolidation on rank 0) and the checkpoint loads into any world size
 or stage like a DDP one.
+
+# Note [hybrid checkpoints]
+A tensor- or pipeline-parallel module (``is_hybrid_module``: tensor-parallel slices, or one stage of a
+pipeline) goes into a DCP directory as its slices and stage entries, the optimizer in torch's flattened form
+(Note [hybrid DCP state] in ``meta_parallel/hybrid_state.py``). Loading looks at what the directory holds
+(``optim.param_groups`` as one entry: the nested form of the other strategies; per parameter: the flattened
+form) and asks for the same form, so a hybrid checkpoint loads into a single process or a data-parallel run
+and the reverse.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed.fleet.meta_parallel import hybrid_state
 from ..parallel.sharded.rebuild import groups_kept
-from .dcp import load
+from .dcp import load, saved_keys
 from .files import CheckpointError
 
 __all__ = ["app_state", "load_app_state", "optimizer_name", "check_optimizer", "check_finite"]
@@ -37,14 +46,30 @@ def _names(module: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
 
 
-def app_state(module: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """``{"model": ..., "optim": ...}`` for DCP (``optim`` absent without an optimizer; Note [stage 1 in DCP])."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` for DCP (``optim`` absent without an optimizer; Note [stage 1 in DCP],
+    Note [hybrid checkpoints]). ``flat``: the optimizer in torch's flattened form (default: for hybrid modules)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
+    hybrid = hybrid_state.is_hybrid_module(module)
+    flat = hybrid if flat is None else flat
+    if hybrid:
+        return hybrid_state.dcp_state(module, optimizer, flat=flat)
     state = {"model": get_model_state_dict(module)}
     if optimizer is not None:
         opt, zero = _split(optimizer)
-        state["optim"] = get_optimizer_state_dict(module, opt)
+        if flat and zero is not None:
+            raise CheckpointError(None, "this checkpoint's optimizer state was written by a tensor/pipeline-parallel "
+                                        "run, which sharding stage 1 cannot read; load its weights only "
+                                        "(Trainer.load(path, reset_optimizer=True)) or resume without sharding")
+        state["optim"] = get_optimizer_state_dict(module, opt, options=StateDictOptions(
+            flatten_optimizer_state_dict=flat))
+        if flat:
+            return state
         if zero is not None:  # every rank's parameters, the global hyperparameters (an LR schedule sets them)
             names = _names(module)
             state["optim"]["param_groups"] = [
@@ -55,18 +80,32 @@ def app_state(module: nn.Module, optimizer: Any) -> dict[str, Any]:
 
 
 def load_app_state(module: nn.Module, optimizer: Any, path: Path) -> None:
-    """Load the model (and the optimizer, unless None) shards of the directory ``path`` (collective)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    """Load the model (and the optimizer, unless None) shards of the directory ``path`` (collective; a
+    checkpoint of any strategy or hybrid degrees, Note [hybrid checkpoints])."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
-    app = app_state(module, optimizer)
-    load(app, path)
+    flat = optimizer is not None and any(hybrid_state.is_flat_optimizer_key(k) for k in saved_keys(path))
+    app = app_state(module, optimizer, flat=flat)
+    hybrid = hybrid_state.is_hybrid_module(module)
+    load(app, path, subset=hybrid)  # a pipeline stage reads its own layers' entries
+    if hybrid:
+        try:
+            hybrid_state.load_dcp_state(module, optimizer, app, flat=flat)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"does not fit this model/optimizer: {e}") from None
+        return
     set_model_state_dict(module, app["model"])
     if optimizer is None:
         return
     opt, zero = _split(optimizer)
     if zero is None:
         with groups_kept(opt):  # Note [shared parameter groups]
-            set_optimizer_state_dict(module, opt, app["optim"])
+            set_optimizer_state_dict(module, opt, app["optim"],
+                                     options=StateDictOptions(flatten_optimizer_state_dict=flat))
         return
     saved, names = app["optim"], _names(module)  # into this rank's partition (Note [stage 1 in DCP])
     index, groups, state = 0, [], {}

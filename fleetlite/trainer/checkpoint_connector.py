@@ -5,15 +5,26 @@
 (:meth:`~CheckpointConnector.read`) and puts it back in one ordered method
 (:meth:`~CheckpointConnector.restore`, Note [resume order]). ``Trainer.fit(resume=...)``,
 ``Trainer.load``, ``Trainer.save`` and ``ModelCheckpoint`` all go through it, under every
-strategy (data parallel, sharding stages 1-3). The file and directory formats are
+strategy (data parallel, sharding stages 1-3, tensor and pipeline parallel). The file and directory formats are
 :mod:`fleetlite.checkpoint`'s; what a Trainer checkpoint holds is decided here
 (:meth:`~CheckpointConnector.state_dict`):
 
 ``model`` (unprefixed state_dict) · ``optimizer`` · ``scaler`` (amp) · ``data`` (the training data's
 position) · ``progress`` (``FitProgress.state_dict``) · ``ranks`` (per rank: RNG states now and at the
 epoch start, the epoch's partial sums: ``FitState.rank_state_dict``) · ``world_size`` · ``callbacks``
-(LR schedulers inside their ``LRScheduler``) · ``strategy`` · ``config`` · ``meta``. A sharded
-checkpoint (a DCP directory) holds the model and optimizer as shards and the rest as ``trainer.pt``.
+(LR schedulers inside their ``LRScheduler``) · ``strategy`` · ``config`` · ``degrees`` (dp, mp, pp) ·
+``meta``. A sharded checkpoint (a DCP directory) holds the model and optimizer as shards and the rest as
+``trainer.pt``.
+
+# Note [hybrid checkpoints in the Trainer]
+A tensor- or pipeline-parallel model is checkpointed as a DCP directory whatever asked for the checkpoint
+(``ModelCheckpoint``, ``fit(save_dir=...)``, ``Trainer.save``/``save_checkpoint``: a ``NAME.pt`` path becomes
+the directory ``NAME/``): no rank holds the whole model or optimizer, and a gathered file would be written
+from rank 0's optimizer state alone. Each rank's per-rank entry also holds the model-parallel RNG tracker's
+states (dropout inside tensor-parallel regions), put back with the other RNG states. The checkpoint records
+the hybrid degrees: at an epoch end it loads into any degrees (DCP reshards: mp 2 -> 1, pp 2 -> 1, dp 2 -> 4);
+saved mid-epoch it resumes only on the same degrees (the data position and random streams are per
+data-parallel rank).
 
 A resume (``Trainer.fit(resume=...)``) runs in five modules: :mod:`fleetlite.trainer.trainer` (``fit``),
 :mod:`fleetlite.trainer.fit_setup` (reads and checks the checkpoint through :meth:`~CheckpointConnector.read`),
@@ -64,6 +75,8 @@ from ..checkpoint import (
 )
 from ..checkpoint.torch_state import app_state, check_finite, check_optimizer, load_app_state, optimizer_name
 from ..distributed import collective
+from ..distributed.fleet.meta_parallel import get_rng_state_tracker
+from ..distributed.fleet.meta_parallel.hybrid_state import degrees_of, is_hybrid_module
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
 
@@ -105,6 +118,12 @@ class CheckpointConnector:
         """Write the full training state as a checkpoint file (collective; rank 0 writes, every rank returns the
         path or raises the same error). With ``latest`` non-finite weights are refused (``latest.pt`` stays)."""
         path = Path(path)
+        if self.hybrid:  # Note [hybrid checkpoints in the Trainer]
+            directory = path.with_suffix("") if path.suffix == ".pt" else path
+            if latest and directory.name == "latest":
+                raise ValueError(f"{path}: a hybrid-parallel model checkpoints to a directory, and 'latest' is the "
+                                 "pointer's name; choose another name")
+            return self.save_sharded(directory, latest=latest).final
         state = self.state_dict()
         error = None
         if state is not None:
@@ -131,7 +150,7 @@ class CheckpointConnector:
         state = self.state_dict(weights=False, optimizer=False)  # the shards hold both
         files = {} if state is None else {RANK0_FILE: lambda p: save_checkpoint(state, p)}
         meta = {"global_step": t.global_step, "epoch": t.epoch,
-                "stage": t.strategy.sharding_stage if t.strategy is not None else 0}
+                "stage": t.strategy.sharding_stage if t.strategy is not None else 0, "degrees": self.degrees()}
         pending = save(app_state(self._module(), t.optimizer), path, rank0_files=files, meta=meta,
                        async_save=async_save, latest=latest)
         if async_save:
@@ -142,7 +161,11 @@ class CheckpointConnector:
         """The whole training state (the entries above); collective, returned on rank 0 only (None elsewhere).
         ``weights``/``optimizer`` False leave ``model``/``optimizer`` None (a sharded checkpoint's shards hold them)."""
         t = self.trainer
-        ranks = collective.all_gather_object(t.fit_state.rank_state_dict(t.metrics))
+        entry = t.fit_state.rank_state_dict(t.metrics)
+        tracker = get_rng_state_tracker().get_states_tracker()
+        if tracker:  # Note [hybrid checkpoints in the Trainer]
+            entry["mp_rng"] = tracker
+        ranks = collective.all_gather_object(entry)
         optimizer = t.optimizer.state_dict() if optimizer and t.optimizer is not None else None  # collective
         model = self.model_state() if weights else None  # collective if sharded
         if collective.get_rank() != 0:
@@ -155,6 +178,7 @@ class CheckpointConnector:
             "world_size": collective.get_world_size(),
             "callbacks": t.callbacks.state_dict() if t.callbacks is not None else {},
             "strategy": None if t.strategy is None else t.strategy.to_dict(), "config": t.config,
+            "degrees": self.degrees(),
             "meta": {"time": time.time(), "torch": str(torch.__version__), "fleetlite": __version__,
                      "optimizer": optimizer_name(t.user_optimizer)},
         }
@@ -180,6 +204,17 @@ class CheckpointConnector:
             self.trainer.network.load_state_dict(weights, strict=strict)
         else:
             net.load_full_state_dict(weights, strict=strict)
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the model is tensor- or pipeline-parallel (Note [hybrid checkpoints in the Trainer])."""
+        return self.trainer.parallel_network is not None and is_hybrid_module(self._module())
+
+    def degrees(self) -> dict[str, int]:
+        """This run's ``{"dp", "mp", "pp"}`` degrees (data parallel over every rank for a model that is not hybrid)."""
+        if self.hybrid:
+            return degrees_of(self._module())
+        return {"dp": collective.get_world_size(), "mp": 1, "pp": 1}
 
     def _module(self) -> torch.nn.Module:
         """The plain module whose parameter names a sharded checkpoint uses."""
@@ -244,6 +279,13 @@ class CheckpointConnector:
             raise CheckpointError(path, f"saved mid-epoch by {s['world_size']} ranks; resuming on {world} ranks needs "
                                         "training data with a DistributedBatchSampler (a Dataset, such a DataLoader "
                                         "or a TensorLoader)")
+        saved = s.get("degrees") or {"dp": s["world_size"], "mp": 1, "pp": 1}
+        mine = self.degrees()
+        if saved != mine and max(saved["mp"], saved["pp"], mine["mp"], mine["pp"]) > 1 and \
+                not s["progress"]["epoch_finished"]:
+            raise CheckpointError(path, f"saved mid-epoch with {_show(saved)}; resuming with {_show(mine)} needs the "
+                                        "same degrees, or a checkpoint saved at an epoch end (ModelCheckpoint("
+                                        "save_freq=1)), which loads into any degrees")
         return resume
 
     @staticmethod
@@ -295,6 +337,8 @@ class CheckpointConnector:
         callbacks.on_train_begin()                                                # (4)
         callbacks.load_state_dict(s["callbacks"])
         entry, sums = rank_entry(s, collective.get_rank(), collective.get_world_size())
+        if entry.get("mp_rng"):  # Note [hybrid checkpoints in the Trainer]
+            get_rng_state_tracker().set_states_tracker(entry["mp_rng"])
         epoch = t.fit_state.epoch
         if progress["epoch_finished"]:                                            # (5)
             restore_rng_state(entry["rng"])
@@ -323,6 +367,9 @@ class CheckpointConnector:
     def _restore_optimizer_and_scaler(self, path: Path, s: dict[str, Any]) -> None:
         opt = self.trainer.optimizer
         check_optimizer(path, s, self.trainer.user_optimizer, _RESUME_HINT)
+        if s.get("optimizer") is not None and not path.is_dir():
+            self._refuse_file_optimizer(path, "resume from a checkpoint directory, or start afresh from its weights "
+                                              "with Trainer.load(path, reset_optimizer=True)")
         try:
             if s.get("optimizer") is not None and not path.is_dir():  # (a directory's came with the model)
                 opt.load_state_dict(s["optimizer"])
@@ -368,11 +415,20 @@ class CheckpointConnector:
                                         f"matches): {e}") from None
         if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
             t.setup()  # wraps the optimizer too; a loss is not needed to load
+            self._refuse_file_optimizer(path, "use reset_optimizer=True to load the weights only")
             try:
                 t.optimizer.load_state_dict(s["optimizer"])
             except (ValueError, KeyError, RuntimeError) as e:
                 raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
                                             "reset_optimizer=True to load the weights only") from None
+
+    def _refuse_file_optimizer(self, path: Path, hint: str) -> None:
+        """A checkpoint file's optimizer state is one process's, over whole tensors: it does not fit the slices or the
+        stage of a hybrid-parallel model (Note [hybrid checkpoints in the Trainer])."""
+        if self.hybrid:
+            raise CheckpointError(path, "is a checkpoint file, whose optimizer state holds whole tensors of one "
+                                        "process; this tensor/pipeline-parallel run's optimizer holds slices or one "
+                                        f"stage, so it cannot take it: {hint}")
 
     def _load_directory(self, path: Path, skip_mismatch: bool, reset_optimizer: bool) -> None:
         """``load`` of a DCP checkpoint directory: its shards, resharded to this run (collective)."""
@@ -386,6 +442,10 @@ class CheckpointConnector:
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         t.setup()
         load_app_state(self._module(), None if reset_optimizer else t.optimizer, path)
+
+
+def _show(degrees: dict[str, int]) -> str:
+    return " x ".join(f"{k}={degrees[k]}" for k in ("dp", "mp", "pp"))
 
 
 def rank_entry(state: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -10,12 +10,15 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from ....parallel import DataParallel
 from ....parallel.comm import broadcast_coalesced
+from . import hybrid_state
 from .mp_layers import is_split
 
 __all__ = ["TensorParallel"]
@@ -47,3 +50,17 @@ class TensorParallel(DataParallel):
         super().__init__(layers, group=hcg.get_data_parallel_group(), **dp_kwargs)
         self._hcg = hcg
         self._strategy = strategy
+
+    # -- the WrappedModel protocol's full weights (Note [hybrid full state]) --------------------------------------
+    @property
+    def is_sharded(self) -> bool:
+        """True with mp > 1: the full weights are gathered from the mp group's slices (collective)."""
+        return self._hcg.get_model_parallel_world_size() > 1
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The single-process model's state: every slice gathered over the mp group (collective)."""
+        return hybrid_state.full_state_dict(self._layers, rank0_only=rank0_only)
+
+    def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load the single-process model's state: each rank keeps its slices."""
+        return hybrid_state.load_full_state_dict(self._layers, state_dict, strict=strict)

@@ -298,3 +298,22 @@ class PipelineParallel(WrappedModel):
         self.eval()
         loss, out = self._run(data, train=False, compute_loss=compute_loss)
         return loss if compute_loss else out
+
+    # -- the WrappedModel protocol's full weights (Note [hybrid full state]) --------------------------------------
+    @property
+    def is_sharded(self) -> bool:
+        """True with more than one stage: the full weights are gathered from every stage (collective)."""
+        return self.num_stages > 1
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The state of ``PipelineLayer(the same descs, num_stages=1)``: every stage's entries (mp slices
+        gathered), collective over the pipeline (and mp) group."""
+        from ..hybrid_state import full_state_dict
+
+        return full_state_dict(self._layers, rank0_only=rank0_only, pp_group=self.pp_group)
+
+    def load_full_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
+        """Load a single-process (one-stage) state: this rank keeps its stage's entries (its mp slices of them)."""
+        from ..hybrid_state import load_full_state_dict
+
+        return load_full_state_dict(self._layers, state_dict, strict=strict)

@@ -1,0 +1,219 @@
+"""The full weights of a hybrid-parallel model, and its reshardable DCP state: what ``TensorParallel`` and
+``PipelineParallel`` answer for the ``WrappedModel`` protocol and what a Trainer checkpoint of them holds.
+
+# Note [hybrid full state]
+A tensor-parallel slice (Note [tensor-parallel parameters]) is one piece of the full tensor along its
+``split_axis``; a pipeline stage holds the entries of its own layers, named by global layer index, plus
+the ``shared_layers.<key>`` copies it shares with other stages. The *full state* is the single-process
+model's: every slice gathered over its mp group (concatenated along ``split_axis``), then every stage's
+entries gathered over the pipeline group (a shared weight once: its copies are equal). For a pipeline that
+is exactly the state of ``PipelineLayer(the same descs, num_stages=1)``. Loading a full state is the
+reverse: each rank keeps its slice (``chunk(mp)[mp_rank]`` along ``split_axis``, as the layers slice at
+construction) of the entries of its own stage.
+
+# Note [hybrid DCP state]
+In a DCP checkpoint the model goes in as :func:`~.sharded_state.sharded_state_dict` (slices as ``DTensor``
+shards, replicated entries as plain tensors that DCP writes once) and the optimizer in torch's *flattened*
+form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(flatten_optimizer_state_dict=
+True)``), each state tensor of a slice a ``DTensor`` like its parameter. Flattened, every key belongs to one
+parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps all
+parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
+the stages sharing a weight hold equal values under the same key, written once. Any layout reads it back:
+another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards).
+
+Example::
+
+    full = full_state_dict(stage, pp_group=pp.pp_group)       # collective; the single-process model's keys
+    load_full_state_dict(stage, full)                         # this rank's slices of its stage's entries
+    state = dcp_state(stage, optimizer)                       # {"model": ..., "optim": ...} for dcp.save/load
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as td
+from torch import nn
+
+from .mp_layers import is_split
+from .sharded_state import _mesh_of, _torch_optimizer, sharded_state_dict
+
+__all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
+           "is_flat_optimizer_key"]
+
+_FLAT = "flatten_optimizer_state_dict"
+
+
+def _pipeline(module: nn.Module) -> Any:
+    """``module`` when it is one stage of a pipeline of several (a ``PipelineLayer``: duck-typed, as pipeline/
+    imports this module), else None."""
+    stages = getattr(module, "get_num_stages", None)
+    return module if callable(stages) and hasattr(module, "segment_parts") and stages() > 1 else None
+
+
+def is_hybrid_module(module: nn.Module) -> bool:
+    """True for a model whose ranks hold different parts of it: tensor-parallel slices or one pipeline stage."""
+    return _pipeline(module) is not None or any(is_split(p) for p in module.parameters())
+
+
+def _mp(param: torch.Tensor) -> tuple[int, int]:
+    return td.get_world_size(param.mp_group), td.get_rank(param.mp_group)
+
+
+@torch.no_grad()
+def _gather_slice(t: torch.Tensor) -> torch.Tensor:
+    n, _ = _mp(t)
+    if n == 1:
+        return t.detach()
+    parts = [torch.empty_like(t) for _ in range(n)]
+    td.all_gather(parts, t.detach().contiguous(), group=t.mp_group)
+    return torch.cat(parts, dim=t.split_axis)
+
+
+def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any = None) -> dict[str, torch.Tensor]:
+    """The single-process model's state of a hybrid ``module`` (Note [hybrid full state]); collective over the mp
+    group (and ``pp_group`` for a pipeline stage). ``rank0_only``: ranks other than global rank 0 get ``{}``.
+
+    Example::
+
+        full = full_state_dict(tp_model._layers)                    # mp slices gathered
+    """
+    own = module.state_dict(keep_vars=True)
+    out = {k: _gather_slice(v) if isinstance(v, torch.Tensor) and is_split(v) else
+           (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
+    if _pipeline(module) is not None and pp_group is not None and td.get_world_size(pp_group) > 1:
+        stages: list[Any] = [None] * td.get_world_size(pp_group)
+        td.all_gather_object(stages, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()},
+                             group=pp_group)
+        merged: dict[str, Any] = {}
+        for entries in stages:
+            for k, v in entries.items():
+                merged.setdefault(k, v)  # a shared weight's copies are equal: the first stage's
+        out = {k: merged[k] for k in sorted(merged, key=_layer_order)}
+    if rank0_only and td.is_initialized() and td.get_rank() != 0:
+        return {}
+    return out
+
+
+def _layer_order(key: str) -> tuple[int, str]:
+    head = key.split(".", 1)[0]
+    return (int(head), key) if head.isdigit() else (-1, key)
+
+
+def _other_stage(module: nn.Module, key: str) -> bool:
+    """A key of another stage of ``module``'s pipeline (a layer index outside this stage)."""
+    pipe = _pipeline(module)
+    head = key.split(".", 1)[0]
+    if pipe is None or not head.isdigit():
+        return pipe is not None and key.startswith("shared_layers.")
+    index = int(head)
+    return 0 <= index < pipe._num_layers and pipe.get_stage_from_index(index) != pipe.get_stage_id()
+
+
+def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+    """Load a full state (Note [hybrid full state]) into a hybrid ``module``: each rank keeps its slice of its
+    stage's entries. Not collective. ``strict``: a missing entry, or one that belongs to no stage, raises.
+
+    Example::
+
+        load_full_state_dict(tp_model._layers, single_process_model.state_dict())
+    """
+    own = module.state_dict(keep_vars=True)
+    unexpected = [k for k in state_dict if k not in own and not _other_stage(module, k)]
+    if strict and unexpected:
+        raise RuntimeError(f"the full state has entries this model does not know: {sorted(unexpected)[:10]}; pass "
+                           "the state of the same model (its single-process keys)")
+    mine: dict[str, Any] = {}
+    for key, target in own.items():
+        if key not in state_dict:
+            continue
+        value = state_dict[key]
+        if isinstance(target, torch.Tensor) and is_split(target) and isinstance(value, torch.Tensor):
+            n, r = _mp(target)
+            if value.shape[target.split_axis] != target.shape[target.split_axis] * n:
+                raise RuntimeError(f"{key}: the full tensor has shape {tuple(value.shape)}, but this rank's slice "
+                                   f"{tuple(target.shape)} is 1/{n} of it along axis {target.split_axis}; pass the "
+                                   "full (single-process) state")
+            value = value.chunk(n, dim=target.split_axis)[r]
+        mine[key] = value
+    return module.load_state_dict(mine, strict=strict)
+
+
+def is_flat_optimizer_key(key: str) -> bool:
+    """Whether a DCP metadata key is an optimizer entry in torch's flattened form (Note [hybrid DCP state])."""
+    return key.startswith("optim.param_groups.")
+
+
+def _options(flat: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**{_FLAT: flat})
+
+
+def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` of a hybrid ``module`` for DCP (Note [hybrid DCP state]); ``optim`` absent
+    without an optimizer. ``flat=False``: the optimizer in torch's nested form (to read a checkpoint written so)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.tensor import DTensor, Shard
+
+    state: dict[str, Any] = {"model": sharded_state_dict(module)}
+    if optimizer is None:
+        return state
+    osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(flat))
+    params = {n: p for n, p in module.named_parameters() if is_split(p)}
+    meshes: dict[int, Any] = {}
+
+    def shard(fqn: str, value: Any) -> Any:
+        p = params.get(fqn)
+        if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
+            return value
+        return DTensor.from_local(value, _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
+                                  run_check=False)
+
+    if flat:
+        out = {}
+        for key, value in osd.items():
+            fqn = key[len("state."):].rpartition(".")[0] if key.startswith("state.") else ""
+            out[key] = shard(fqn, value)
+        state["optim"] = out
+    else:
+        osd["state"] = {fqn: {k: shard(fqn, v) for k, v in entry.items()} for fqn, entry in osd["state"].items()}
+        state["optim"] = osd
+    return state
+
+
+def _local(value: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, dict):
+        return {k: _local(v) for k, v in value.items()}
+    return value
+
+
+def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
+    """Put a :func:`dcp_state` that ``dcp.load`` filled back into ``module`` (and ``optimizer`` unless None)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    from ....parallel.sharded.rebuild import groups_kept
+    from .sharded_state import load_sharded_state_dict
+
+    load_sharded_state_dict(module, state["model"])
+    if optimizer is None or "optim" not in state:
+        return
+    opt = _torch_optimizer(optimizer)
+    with groups_kept(opt):  # Note [shared parameter groups]
+        set_optimizer_state_dict(module, opt, _local(state["optim"]), options=_options(flat))
+
+
+def degrees_of(module: nn.Module) -> dict[str, int]:
+    """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model), from its slices'
+    mp group and its pipeline's stages; dp is the rest of the world."""
+    mp = max((_mp(p)[0] for p in module.parameters() if is_split(p)), default=1)
+    pipe = _pipeline(module)
+    pp = pipe.get_num_stages() if pipe is not None else 1
+    world = td.get_world_size() if td.is_initialized() else 1
+    return {"dp": max(world // (mp * pp), 1), "mp": mp, "pp": pp}

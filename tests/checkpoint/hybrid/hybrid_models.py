@@ -1,0 +1,154 @@
+"""Small hybrid-parallel models and their single-process twins for the hybrid checkpoint tests (module level:
+run_ranks pickles the rank functions by name).
+
+``TPNet`` (mp slices) and ``RefNet`` (plain) share parameter names and, seeded alike, initial weights (the
+tensor-parallel layers draw the full weight and keep their slice). ``pipe_descs()`` is a pipeline with a
+weight shared by its first and last layer; ``PipelineLayer(pipe_descs(), num_stages=1)`` is its single-process
+model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import fleetlite
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet import fleet as fleet_impl
+from fleetlite.distributed.fleet.meta_parallel import (
+    ColumnParallelLinear,
+    LayerDesc,
+    PipelineLayer,
+    RowParallelLinear,
+    SharedLayerDesc,
+)
+
+IN, HIDDEN, OUT = 6, 8, 6
+
+
+class TPNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = ColumnParallelLinear(IN, HIDDEN, has_bias=True, gather_output=False)
+        self.down = RowParallelLinear(HIDDEN, OUT, input_is_parallel=True)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class RefNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(IN, HIDDEN)
+        self.down = nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class Batches:
+    """The same batches on every rank: a plain iterable of ``(x, y)``, which the Trainer does not split over ranks
+    (a tensor-parallel group must see the same rows; how data parallel splits the data is not what these tests
+    are about)."""
+
+    def __init__(self, n=6, rows=8):
+        g = torch.Generator().manual_seed(7)
+        self.items = [(torch.randn(rows, IN, generator=g), torch.randint(0, OUT, (rows,), generator=g))
+                      for _ in range(n)]
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def batches(n=6, rows=8):
+    return Batches(n, rows)
+
+
+def init_fleet(dp=1, mp=1, pp=1, pipeline=None):
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": mp, "pp_degree": pp}
+    if pipeline:
+        strategy.pipeline_configs = pipeline
+    fleet.init(is_collective=True, strategy=strategy)
+    return fleet.get_hybrid_communicate_group()
+
+
+def tp_trainer(mp=2, dp=1, lr=0.05):
+    """A Trainer over ``TPNet`` (mp > 1) or ``RefNet`` (mp = 1), seeded alike: the same full initial weights."""
+    init_fleet(dp=dp, mp=mp)
+    torch.manual_seed(0)
+    net = TPNet() if mp > 1 else RefNet()
+    return fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=lr), nn.CrossEntropyLoss())
+
+
+class Shared(nn.Module):
+    """The first layer, whose weight the last layer reuses (a tied head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(IN, IN)
+
+    @property
+    def weight(self):
+        return self.proj.weight
+
+    def forward(self, x):
+        return torch.tanh(self.proj(x))
+
+
+def _head(shared, x):
+    return x @ shared.weight.t()
+
+
+def pipe_descs():
+    return [SharedLayerDesc("tied", Shared, shared_weight_attr="weight"), LayerDesc(nn.Linear, IN, HIDDEN), nn.Tanh(),
+            LayerDesc(nn.Linear, HIDDEN, IN), SharedLayerDesc("tied", Shared, forward_func=_head,
+                                                              shared_weight_attr="weight")]
+
+
+PIPE = {"accumulate_steps": 2, "micro_batch_size": 4}
+
+
+def pipe_layer(topology=None, num_stages=None):
+    torch.manual_seed(0)  # the stages' layers draw in order from one seed: load a common start instead
+    return PipelineLayer(pipe_descs(), num_stages=num_stages, topology=topology, loss_fn=nn.CrossEntropyLoss())
+
+
+def pipe_batch(step, rows=8):
+    g = torch.Generator().manual_seed(300 + step)
+    return torch.randn(rows, IN, generator=g), torch.randint(0, IN, (rows,), generator=g)
+
+
+def start_weights():
+    """The single-process pipeline's initial weights (every stage loads its entries of them)."""
+    torch.manual_seed(1)
+    return PipelineLayer(pipe_descs(), num_stages=1).state_dict()
+
+
+def pp_trainer(dp=1, pp=2):
+    hcg = init_fleet(dp=dp, pp=pp, pipeline=PIPE)
+    layer = pipe_layer(topology=hcg.topology())
+    layer.load_state_dict({k: v for k, v in start_weights().items() if k in layer.state_dict()})
+    return fleetlite.Trainer(layer, torch.optim.AdamW(layer.parameters(), lr=0.05), nn.CrossEntropyLoss())
+
+
+def pp_steps(trainer, start, stop):
+    trainer.setup(training=True)
+    for step in range(start, stop):
+        trainer.parallel_network.train_batch(list(pipe_batch(step)), trainer.optimizer)
+
+
+def single_pipe_trainer():
+    """pp = 1 in one process or under data parallel: the one-stage PipelineLayer of the same descs."""
+    layer = PipelineLayer(pipe_descs(), num_stages=1, loss_fn=nn.CrossEntropyLoss())
+    return fleetlite.Trainer(layer, torch.optim.AdamW(layer.parameters(), lr=0.05), nn.CrossEntropyLoss())
+
+
+def opt_state(trainer):
+    """This rank's optimizer state, by parameter name (the slices' and this stage's)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    opt = getattr(trainer.optimizer, "inner_opt", trainer.optimizer)
+    return {k: {n: v.clone() for n, v in e.items()}
+            for k, e in get_optimizer_state_dict(trainer.network, opt)["state"].items()}

@@ -1,0 +1,152 @@
+"""Trainer checkpoints of a tensor-parallel model (mp = 2, 2 ranks): DCP directories that resume bit-identically
+and reshard, and a full-model export.
+
+References: the uninterrupted run (resume: full weights and each rank's optimizer state ``torch.equal``), the
+saved model's full weights (gathered by ``get_weights`` when the checkpoint was written: a reshard to mp = 1 in
+one process or under dp = 2 must load exactly them), and the single-process twin ``RefNet`` (the export loads
+into it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hybrid_models import RefNet, batches, opt_state, tp_trainer
+
+import fleetlite
+import fleetlite.checkpoint as ckpt
+from fleetlite.checkpoint import CheckpointError
+from fleetlite.testing import run_ranks
+from fleetlite.trainer.export import load_safetensors
+
+EPOCHS = 2  # 6 batches each
+
+
+def _mp2_runs(rank, world, root):
+    root = Path(root)
+    out = {}
+    t = tp_trainer()  # the uninterrupted run (it checkpoints too: the saves must not change it)
+    t.fit(batches(), epochs=EPOCHS, save_dir=root / "whole", verbose=0)
+    out["whole"], out["whole_opt"] = t.get_weights(), opt_state(t)
+    out["export"] = t.export(root / "tp.safetensors")
+    t.save(root / "weights", training=False)
+
+    t = tp_trainer()  # stopped at an epoch end, resumed
+    t.fit(batches(), epochs=1, save_dir=root / "epoch", verbose=0)
+    out["at_epoch_0"] = t.get_weights()
+    t = tp_trainer()
+    t.fit(batches(), epochs=EPOCHS, save_dir=root / "epoch", resume="latest", verbose=0)
+    out["epoch"], out["epoch_opt"] = t.get_weights(), opt_state(t)
+
+    t = tp_trainer()  # stopped mid-epoch (after 3 of 6 steps), resumed
+    t.fit(batches(), epochs=EPOCHS, num_iters=3, save_dir=root / "mid", verbose=0)
+    t = tp_trainer()
+    t.fit(batches(), epochs=EPOCHS, save_dir=root / "mid", resume="latest", verbose=0)
+    out["mid"], out["mid_opt"] = t.get_weights(), opt_state(t)
+
+    t = tp_trainer()  # Trainer.save / Trainer.load: a directory, the optimizer state with it
+    t.fit(batches(), epochs=1, verbose=0)
+    out["saved_to"] = t.save(root / "by_save.pt")
+    fresh = tp_trainer()
+    fresh.load(out["saved_to"])
+    out["loaded_equal"] = all(torch.equal(v, fresh.get_weights()[k]) for k, v in t.get_weights().items())
+    a, b = opt_state(t), opt_state(fresh)
+    out["loaded_opt_equal"] = all(torch.equal(a[p][n], b[p][n]) for p in a for n in a[p])
+    out["dirs"] = sorted(p.name for p in (root / "mid").iterdir())
+    return out
+
+
+@pytest.fixture(scope="module")
+def mp2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mp2")
+    return root, run_ranks(_mp2_runs, world_size=2, args=(str(root),), timeout=400)
+
+
+def _equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _equal_opt(a, b):
+    assert a.keys() == b.keys()
+    for p in a:
+        for n in a[p]:
+            assert torch.equal(a[p][n], b[p][n]), (p, n)
+
+
+@pytest.mark.timeout(500)
+def test_resume_at_an_epoch_end_and_mid_epoch_equals_the_uninterrupted_run(mp2):
+    _root, out = mp2
+    for rank in (0, 1):
+        r = out[rank]
+        assert set(r["whole"]) == {"up.weight", "up.bias", "down.weight", "down.bias"}
+        assert r["whole"]["up.weight"].shape == (8, 6)  # full weights, gathered from both slices
+        for case in ("epoch", "mid"):
+            _equal(r[case], r["whole"])
+            _equal_opt(r[f"{case}_opt"], r["whole_opt"])  # this rank's slices' AdamW moments and steps
+        assert not torch.equal(r["at_epoch_0"]["up.weight"], r["whole"]["up.weight"])  # it did train on
+    assert not torch.equal(out[0]["whole_opt"]["up.weight"]["exp_avg"], out[1]["whole_opt"]["up.weight"]["exp_avg"])
+    assert "step-00000003" in out[0]["dirs"]  # a directory (DCP shards), also for the stop mid-epoch
+
+
+@pytest.mark.timeout(500)
+def test_trainer_save_writes_a_directory_that_trainer_load_reads(mp2):
+    root, out = mp2
+    assert out[0]["saved_to"] == root / "by_save" and ckpt.is_checkpoint_dir(root / "by_save")
+    assert out[0]["loaded_equal"] and out[0]["loaded_opt_equal"] and out[1]["loaded_equal"]
+    assert out[1]["loaded_opt_equal"]
+
+
+@pytest.mark.timeout(500)
+def test_mp2_checkpoint_loads_into_one_process(mp2, clean_dist_env):
+    root, out = mp2
+    saved = out[0]["at_epoch_0"]
+    assert ckpt.load_full(root / "epoch" / "epoch-0000").keys() == saved.keys()
+    _equal(ckpt.load_full(root / "epoch" / "epoch-0000"), saved)
+    t = tp_trainer(mp=1)
+    t.load(root / "epoch" / "epoch-0000")  # weights and AdamW state, mp 2 -> 1
+    _equal(t.get_weights(), saved)
+    # resumed at the epoch end in one process, the second epoch matches mp = 2's within float rounding
+    t = tp_trainer(mp=1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*2-rank checkpoint on 1 ranks")
+        t.fit(batches(), epochs=EPOCHS, resume=root / "epoch" / "epoch-0000", save_dir=root / "one", verbose=0)
+    for k, v in t.get_weights().items():
+        assert (v - out[0]["whole"][k]).abs().max().item() <= 1e-5, k
+
+
+@pytest.mark.timeout(500)
+def test_export_and_weights_file_hold_the_full_model(mp2, clean_dist_env):
+    root, out = mp2
+    assert out[0]["export"] == root / "tp.safetensors"
+    _equal(load_safetensors(RefNet(), root / "tp.safetensors").state_dict(), out[0]["whole"])
+    net = RefNet()
+    fleetlite.Trainer(net).load(root / "weights.pt")
+    _equal(net.state_dict(), out[0]["whole"])
+
+
+def _reshard_to_dp2(rank, world, root, saved_mid):
+    t = tp_trainer(mp=1, dp=2)  # RefNet under data parallel over both ranks
+    t.load(Path(root) / "epoch" / "epoch-0000")
+    weights = t.get_weights()
+    refused = None
+    t = tp_trainer(mp=1, dp=2)
+    try:
+        t.fit(batches(), epochs=EPOCHS, resume=saved_mid, verbose=0)
+    except CheckpointError as e:
+        refused = str(e)
+    return weights, refused
+
+
+@pytest.mark.timeout(500)
+def test_mp2_checkpoint_loads_into_dp2_and_mid_epoch_resume_on_other_degrees_is_refused(mp2):
+    root, out = mp2
+    mid = str(root / "mid" / "step-00000003")
+    for weights, refused in run_ranks(_reshard_to_dp2, world_size=2, args=(str(root), mid), timeout=300):
+        _equal(weights, out[0]["at_epoch_0"])
+        assert refused is not None and "dp=1 x mp=2 x pp=1" in refused and "dp=2 x mp=1 x pp=1" in refused
+        assert "epoch end" in refused

@@ -46,9 +46,10 @@ def _names(module: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
 
 
-def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None) -> dict[str, Any]:
+def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None, writing: bool = False) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}`` for DCP (``optim`` absent without an optimizer; Note [stage 1 in DCP],
-    Note [hybrid checkpoints]). ``flat``: the optimizer in torch's flattened form (default: for hybrid modules)."""
+    Note [hybrid checkpoints]). ``flat``: the optimizer in torch's flattened form (default: for hybrid modules);
+    ``writing``: the state to save (else the one a load fills)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -58,7 +59,7 @@ def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None) -> di
     hybrid = hybrid_state.is_hybrid_module(module)
     flat = hybrid if flat is None else flat
     if hybrid:
-        return hybrid_state.dcp_state(module, optimizer, flat=flat)
+        return hybrid_state.dcp_state(module, optimizer, flat=flat, writing=writing)
     state = {"model": get_model_state_dict(module)}
     if optimizer is not None:
         opt, zero = _split(optimizer)

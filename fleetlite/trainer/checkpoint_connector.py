@@ -151,7 +151,7 @@ class CheckpointConnector:
         files = {} if state is None else {RANK0_FILE: lambda p: save_checkpoint(state, p)}
         meta = {"global_step": t.global_step, "epoch": t.epoch,
                 "stage": t.strategy.sharding_stage if t.strategy is not None else 0, "degrees": self.degrees()}
-        pending = save(app_state(self._module(), t.optimizer), path, rank0_files=files, meta=meta,
+        pending = save(app_state(self._module(), t.optimizer, writing=True), path, rank0_files=files, meta=meta,
                        async_save=async_save, latest=latest)
         if async_save:
             self._in_flight = pending

@@ -139,10 +139,25 @@ def pp_steps(trainer, start, stop):
         trainer.parallel_network.train_batch(list(pipe_batch(step)), trainer.optimizer)
 
 
+class OneStage(nn.Module):
+    """The one-stage PipelineLayer's layers under the same names, as a plain module (``fleet.distributed_model``
+    takes a PipelineLayer only with pp_degree > 1)."""
+
+    def __init__(self):
+        super().__init__()
+        layer = PipelineLayer(pipe_descs(), num_stages=1)
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        self._run = [layer]  # not registered: its parameters are the ones above
+
+    def forward(self, x):
+        return self._run[0](x)
+
+
 def single_pipe_trainer():
-    """pp = 1 in one process or under data parallel: the one-stage PipelineLayer of the same descs."""
-    layer = PipelineLayer(pipe_descs(), num_stages=1, loss_fn=nn.CrossEntropyLoss())
-    return fleetlite.Trainer(layer, torch.optim.AdamW(layer.parameters(), lr=0.05), nn.CrossEntropyLoss())
+    """pp = 1 in one process: the one-stage PipelineLayer of the same descs (its state's keys)."""
+    net = OneStage()
+    return fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=0.05), nn.CrossEntropyLoss())
 
 
 def opt_state(trainer):

@@ -18,7 +18,10 @@ form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(fla
 True)``), each state tensor of a slice a ``DTensor`` like its parameter. Flattened, every key belongs to one
 parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps all
 parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
-the stages sharing a weight hold equal values under the same key, written once. Any layout reads it back:
+the stages sharing a weight hold equal values under the same key, written once. A layer shared by several
+stages (``SharedLayerDesc``) is written by its first holder alone (``is_firstly_shared``): only its shared
+weight is kept equal across stages, and its other parameters (a bias) are the first holder's, as in the full
+state. Any layout reads it back:
 another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards).
 
 Example::
@@ -152,13 +155,22 @@ def _options(flat: bool) -> Any:
     return StateDictOptions(**{_FLAT: flat})
 
 
-def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True) -> dict[str, Any]:
+def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writing: bool = False) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}`` of a hybrid ``module`` for DCP (Note [hybrid DCP state]); ``optim`` absent
-    without an optimizer. ``flat=False``: the optimizer in torch's nested form (to read a checkpoint written so)."""
+    without an optimizer. ``flat=False``: the optimizer in torch's nested form (to read a checkpoint written so).
+    ``writing``: the state to save (a shared layer's copies on later stages left out), else the one to load into.
+
+    Example::
+
+        dcp.save(dcp_state(stage, opt, writing=True), checkpoint_id="ckpt")
+        state = dcp_state(stage, opt); dcp.load(state, checkpoint_id="ckpt"); load_dcp_state(stage, opt, state)
+    """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     from torch.distributed.tensor import DTensor, Shard
 
-    state: dict[str, Any] = {"model": sharded_state_dict(module)}
+    copies = {n for n, p in module.named_parameters() if getattr(p, "is_firstly_shared", True) is False} \
+        if writing and _pipeline(module) is not None else set()
+    state: dict[str, Any] = {"model": {k: v for k, v in sharded_state_dict(module).items() if k not in copies}}
     if optimizer is None:
         return state
     osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(flat))
@@ -175,11 +187,14 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True) -> di
     if flat:
         out = {}
         for key, value in osd.items():
-            fqn = key[len("state."):].rpartition(".")[0] if key.startswith("state.") else ""
-            out[key] = shard(fqn, value)
+            section, _, rest = key.partition(".")
+            fqn = rest.rpartition(".")[0]
+            if fqn not in copies:
+                out[key] = shard(fqn, value) if section == "state" else value
         state["optim"] = out
     else:
-        osd["state"] = {fqn: {k: shard(fqn, v) for k, v in entry.items()} for fqn, entry in osd["state"].items()}
+        osd["state"] = {fqn: {k: shard(fqn, v) for k, v in entry.items()} for fqn, entry in osd["state"].items()
+                        if fqn not in copies}
         state["optim"] = osd
     return state
 

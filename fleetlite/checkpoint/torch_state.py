@@ -89,7 +89,7 @@ def load_app_state(module: nn.Module, optimizer: Any, path: Path) -> None:
         set_optimizer_state_dict,
     )
 
-    flat = optimizer is not None and any(hybrid_state.is_flat_optimizer_key(k) for k in saved_keys(path))
+    flat = optimizer is not None and hybrid_state.has_flat_optimizer(saved_keys(path))
     app = app_state(module, optimizer, flat=flat)
     hybrid = hybrid_state.is_hybrid_module(module)
     load(app, path, subset=hybrid)  # a pipeline stage reads its own layers' entries

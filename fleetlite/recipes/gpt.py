@@ -4,6 +4,8 @@
     fleetlite run --nproc_per_node 4 gpt hybrid=dp2_mp2           # data x tensor parallel
     fleetlite run --nproc_per_node 2 gpt hybrid=pp2 train.steps=20
     fleetlite run --nproc_per_node 4 gpt hybrid=dp2_pp2
+    fleetlite run --nproc_per_node 2 gpt hybrid=mp2 train.save_steps=10 run_dir=outputs/g      # checkpoints
+    fleetlite run --nproc_per_node 2 gpt hybrid=mp2 train.save_steps=10 run_dir=outputs/g resume=latest
 
 The model is fleetlite.text.gpt (tensor-parallel layers when mp > 1, a PipelineLayer when pp > 1) on a
 deterministic synthetic corpus, byte-tokenized (fleetlite.text.corpus). The loop is written out by hand:
@@ -11,15 +13,26 @@ deterministic synthetic corpus, byte-tokenized (fleetlite.text.corpus). The loop
 and ``fleet.distributed_optimizer``; a pipeline steps with ``PipelineParallel.train_batch``. Every step's loss
 (the mean over the global batch) and a final eval loss are printed by rank 0. A config mistake is one ``error:``
 line and exit status 2 (e.g. hybrid degrees whose product is not --nproc_per_node).
+
+# Note [gpt checkpoints]
+With ``train.save_steps=N`` the recipe writes a DCP checkpoint directory ``run_dir/checkpoints/step-NNNNNNNN/``
+every N steps and after the last one: the model and AdamW state as each rank's slices and stage entries
+(``fleetlite.checkpoint.torch_state.app_state``, Note [hybrid checkpoints]), and in ``trainer.pt`` the step,
+the losses so far and every rank's RNG states (the model-parallel tracker's included); ``latest`` names the
+newest. ``resume=latest`` (or ``true``), ``auto`` or a checkpoint path continues from it: the batch of step s is
+a function of (seed, s) alone, so the resumed run takes the steps the uninterrupted one would and ends with
+the same weights, bit for bit, on the same degrees. On other degrees (mp 2 -> 1, pp 2 -> 1, another dp) DCP
+reshards the model and optimizer, and the losses agree within float rounding.
 """
 
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
 
 from fleetlite.recipe import job
 from fleetlite.recipe.catalog import CONF_DIR
@@ -56,6 +69,7 @@ class TrainConfig:
     global_batch_size: int = 16
     log_freq: int = 1
     eval_batches: int = 4
+    save_steps: int = 0    # a checkpoint every this many steps and after the last (0: none); Note [gpt checkpoints]
 
 
 @dataclass
@@ -83,7 +97,9 @@ def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
 
     check_known_keys(cfg, GPTRecipeConfig)
     m, t, d = cfg.model, cfg.train, cfg.data
-    need(cfg.resume is None, "resume: the gpt recipe does not checkpoint yet; drop resume=")
+    if str(cfg.resume).lower() == "true":  # resume=true: the newest checkpoint of run_dir (Note [gpt checkpoints])
+        with read_write(cfg), open_dict(cfg):
+            cfg.resume = "latest"
     try:
         strategy = DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, resolve=True, enum_to_str=True))
         strategy.check_supported(world_size)
@@ -104,6 +120,7 @@ def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
     need(optim_ok(cfg.optim), f"optim: lr={cfg.optim.lr} must be > 0, betas two numbers in [0, 1), weight_decay >= 0")
     g = t.global_batch_size
     need(t.steps >= 1 and t.log_freq >= 1 and t.eval_batches >= 1, "train.steps, log_freq, eval_batches must be >= 1")
+    need(t.save_steps >= 0, f"train.save_steps={t.save_steps} must be >= 0 (0: no checkpoints)")
     need(g >= dp and g % dp == 0, f"train.global_batch_size={g} does not divide among dp_degree {dp} replicas; "
                                   f"use a multiple of {dp}")
     if pp > 1:
@@ -158,6 +175,67 @@ class GPTRecipe:
             n = sum(p.numel() for p in layer.parameters())
             print(f"gpt: dp={self.dp} mp={hcg.get_model_parallel_world_size()} pp={self.pp}; {n} parameters on "
                   "rank 0", flush=True)
+        self.start_step, self.losses = 0, []
+        if cfg.resume is not None:
+            self.resume(cfg.resume)
+
+    # -- checkpoints (Note [gpt checkpoints]) -------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        from fleetlite.recipe.validate import CHECKPOINT_SUBDIR
+
+        return Path(self.cfg.run_dir) / CHECKPOINT_SUBDIR
+
+    def _rng(self) -> dict[str, Any]:
+        from fleetlite.checkpoint import capture_rng_state
+        from fleetlite.distributed.fleet.meta_parallel import get_rng_state_tracker
+
+        return {"rng": capture_rng_state(), "mp_rng": get_rng_state_tracker().get_states_tracker()}
+
+    def save(self, step: int) -> Path:
+        """Write ``checkpoints/step-{step:08d}/`` (collective) and point ``latest`` at it."""
+        from fleetlite.checkpoint import RANK0_FILE, save, save_checkpoint
+        from fleetlite.checkpoint.torch_state import app_state
+        from fleetlite.distributed import all_gather_object, get_world_size
+
+        ranks = all_gather_object(self._rng())
+        state = {"step": step, "losses": list(self.losses), "ranks": ranks, "world_size": get_world_size(),
+                 "config": OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)}
+        path = self.checkpoint_dir / f"step-{step:08d}"
+        save(app_state(self.model.module, self.optimizer, writing=True), path, meta={"global_step": step},
+             rank0_files={RANK0_FILE: lambda p: save_checkpoint(state, p)}, latest=True)
+        if self.is_main:
+            print(f"saved checkpoint {path}", flush=True)
+        return path
+
+    def resume(self, target: str) -> None:
+        """Load the checkpoint ``target`` names (latest/auto: the newest in ``checkpoints/``; or a path) and continue
+        after its step; ``auto`` with none starts afresh."""
+        from fleetlite.checkpoint import CheckpointError, on_every_rank, read, resolve, restore_rng_state
+        from fleetlite.checkpoint.torch_state import load_app_state
+        from fleetlite.distributed import get_rank, get_world_size
+        from fleetlite.distributed.fleet.meta_parallel import get_rng_state_tracker
+
+        path = on_every_rank(lambda: resolve(target, self.checkpoint_dir, require=("step",)))
+        if path is None:
+            return
+        if not path.is_dir():
+            raise ConfigError(f"resume={target}: {path} is not a gpt checkpoint directory (checkpoints/step-NNNNNNNN/)")
+        s = on_every_rank(lambda: read(path, ("step", "losses", "ranks", "world_size")).state)
+        if s["step"] > self.cfg.train.steps:
+            raise ConfigError(f"resume={target}: the checkpoint is at step {s['step']}, past train.steps="
+                              f"{self.cfg.train.steps}; raise train.steps to continue training")
+        try:
+            load_app_state(self.model.module, self.optimizer, path)
+        except CheckpointError as e:
+            raise ConfigError(f"resume={target}: {e}") from None
+        if s["world_size"] == get_world_size():  # another layout reshards the weights; its random streams differ
+            entry = s["ranks"][get_rank()]
+            restore_rng_state(entry["rng"])
+            get_rng_state_tracker().set_states_tracker(entry["mp_rng"])
+        self.start_step, self.losses = int(s["step"]), list(s["losses"])
+        if self.is_main:
+            print(f"resuming from {path} (step {self.start_step})", flush=True)
 
     def _batch(self, ids: torch.Tensor, step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This data-parallel replica's rows of the global batch of ``step`` (the same on every rank)."""
@@ -185,13 +263,15 @@ class GPTRecipe:
         return loss
 
     def train(self) -> list[float]:
-        t, self.losses = self.cfg.train, []
+        t = self.cfg.train
         start = time.perf_counter()
-        for step in range(t.steps):
+        for step in range(self.start_step, t.steps):
             x, y = self._batch(self.train_ids, step, t.global_batch_size)
             self.losses.append(self._global_mean(self.train_step(x, y)))
             if self.is_main and (step % t.log_freq == 0 or step == t.steps - 1):
                 print(f"step {step + 1}/{t.steps} loss {self.losses[-1]:.6f}", flush=True)
+            if t.save_steps and ((step + 1) % t.save_steps == 0 or step == t.steps - 1):
+                self.save(step + 1)
         self.seconds = time.perf_counter() - start
         return self.losses
 
@@ -207,7 +287,8 @@ class GPTRecipe:
                 losses.append(self._global_mean(self.model(x, y)))
         final = sum(losses) / len(losses)
         if self.is_main:
-            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps} steps)", flush=True)
+            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps - self.start_step} steps)",
+                  flush=True)
         return final
 
 

@@ -33,7 +33,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ from .mp_layers import is_split
 from .sharded_state import _mesh_of, _torch_optimizer, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
-           "is_flat_optimizer_key"]
+           "has_flat_optimizer"]
 
 _FLAT = "flatten_optimizer_state_dict"
 
@@ -144,9 +145,12 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], stric
     return module.load_state_dict(mine, strict=strict)
 
 
-def is_flat_optimizer_key(key: str) -> bool:
-    """Whether a DCP metadata key is an optimizer entry in torch's flattened form (Note [hybrid DCP state])."""
-    return key.startswith("optim.param_groups.")
+def has_flat_optimizer(keys: Iterable[str]) -> bool:
+    """Whether a DCP checkpoint's keys hold the optimizer in torch's flattened form (Note [hybrid DCP state]):
+    parameter-group entries without the nested form's ``optim.param_groups.<i>.params`` lists."""
+    keys = list(keys)
+    nested = any(re.fullmatch(r"optim\.param_groups\.\d+\.params(\.\d+)?", k) for k in keys)
+    return not nested and any(k.startswith("optim.param_groups.") for k in keys)
 
 
 def _options(flat: bool) -> Any:

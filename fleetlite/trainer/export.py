@@ -164,14 +164,16 @@ def example_inputs_of_batch(split_batch, batch: Any) -> tuple[torch.Tensor, ...]
 def export_collective(network: nn.Module, path: str | os.PathLike, format: str, example: tuple | None,
                       config: Any, dynamic_batch: bool, full_state: Callable[[], dict] | None = None) -> Path:
     """``Trainer.export``: rank 0 writes (the weights are the same on every rank); every rank returns the path.
-    ``full_state``: for a sharded (stage 2/3) model, gathers its full weights (collective: every rank calls it)."""
+    ``full_state``: for a sharded (stage 2/3) or tensor/pipeline-parallel model, gathers its full weights, the
+    single-process model's state (collective: every rank calls it)."""
     path = _check(format, Path(path), example)
     full = None
     if full_state is not None:
         if format != "safetensors":
-            raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) model is not supported: export "
-                             "format='safetensors', load it into a plain model (fleetlite.trainer.export."
-                             "load_safetensors) and export that")
+            raise ValueError(f"export(format={format!r}) of a sharded (stage 2/3) or tensor/pipeline-parallel model "
+                             "is not supported (no rank holds the whole program): export format='safetensors', load "
+                             "it into the single-process model (fleetlite.trainer.export.load_safetensors) and "
+                             "export that")
         full = full_state()
     error = None
     if collective.get_rank() == 0:

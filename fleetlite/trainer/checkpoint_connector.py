@@ -337,7 +337,8 @@ class CheckpointConnector:
         callbacks.on_train_begin()                                                # (4)
         callbacks.load_state_dict(s["callbacks"])
         entry, sums = rank_entry(s, collective.get_rank(), collective.get_world_size())
-        if entry.get("mp_rng"):  # Note [hybrid checkpoints in the Trainer]
+        if entry.get("mp_rng") and s["world_size"] == collective.get_world_size() and \
+                s.get("degrees") == self.degrees():  # Note [hybrid checkpoints in the Trainer]: this rank's own
             get_rng_state_tracker().set_states_tracker(entry["mp_rng"])
         epoch = t.fit_state.epoch
         if progress["epoch_finished"]:                                            # (5)

@@ -20,6 +20,7 @@ import fleetlite
 import fleetlite.checkpoint as ckpt
 from fleetlite.checkpoint import CheckpointError
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.callbacks import ModelCheckpoint
 from fleetlite.trainer.export import load_safetensors
 
 EPOCHS = 2  # 6 batches each
@@ -40,6 +41,13 @@ def _mp2_runs(rank, world, root):
     t = tp_trainer()
     t.fit(batches(), epochs=EPOCHS, save_dir=root / "epoch", resume="latest", verbose=0)
     out["epoch"], out["epoch_opt"] = t.get_weights(), opt_state(t)
+
+    t = tp_trainer()  # ModelCheckpoint(async_save=True): written in the background, resumed alike
+    t.fit(batches(), epochs=1, callbacks=[ModelCheckpoint(root / "async", async_save=True)], verbose=0)
+    t = tp_trainer()
+    t.fit(batches(), epochs=EPOCHS, callbacks=[ModelCheckpoint(root / "async", async_save=True)], resume="latest",
+          verbose=0)
+    out["async"], out["async_opt"] = t.get_weights(), opt_state(t)
 
     t = tp_trainer()  # stopped mid-epoch (after 3 of 6 steps), resumed
     t.fit(batches(), epochs=EPOCHS, num_iters=3, save_dir=root / "mid", verbose=0)
@@ -85,7 +93,7 @@ def test_resume_at_an_epoch_end_and_mid_epoch_equals_the_uninterrupted_run(mp2):
         r = out[rank]
         assert set(r["whole"]) == {"up.weight", "up.bias", "down.weight", "down.bias"}
         assert r["whole"]["up.weight"].shape == (8, 6)  # full weights, gathered from both slices
-        for case in ("epoch", "mid"):
+        for case in ("epoch", "mid", "async"):
             _equal(r[case], r["whole"])
             _equal_opt(r[f"{case}_opt"], r["whole_opt"])  # this rank's slices' AdamW moments and steps
         assert not torch.equal(r["at_epoch_0"]["up.weight"], r["whole"]["up.weight"])  # it did train on

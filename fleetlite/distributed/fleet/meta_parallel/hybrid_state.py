@@ -42,7 +42,7 @@ import torch.distributed as td
 from torch import nn
 
 from .mp_layers import is_split
-from .sharded_state import _mesh_of, _torch_optimizer, sharded_state_dict
+from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
            "has_flat_optimizer"]
@@ -185,7 +185,7 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
         p = params.get(fqn)
         if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
             return value
-        return DTensor.from_local(value, _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
+        return DTensor.from_local(_local(value), _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
                                   run_check=False)
 
     if flat:
@@ -203,13 +203,13 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
     return state
 
 
-def _local(value: Any) -> Any:
+def _to_local(value: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
         return value.to_local()
     if isinstance(value, dict):
-        return {k: _local(v) for k, v in value.items()}
+        return {k: _to_local(v) for k, v in value.items()}
     return value
 
 
@@ -225,7 +225,7 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
-        set_optimizer_state_dict(module, opt, _local(state["optim"]), options=_options(flat))
+        set_optimizer_state_dict(module, opt, _to_local(state["optim"]), options=_options(flat))
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:

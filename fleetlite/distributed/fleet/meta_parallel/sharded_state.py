@@ -36,8 +36,23 @@ def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
     return cache[id(group)]
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a ``DTensor``'s local shard.
+
+    # Note [shard storage offset]
+    A slice can be a view into a larger storage (a chunk of the full weight: rank 1's rows start at an
+    offset). ``DTensor.from_local`` gives the wrapper that storage offset, so the wrapper reports a non-zero
+    ``data_ptr`` and DCP's asynchronous stager then tries to copy the wrapper's own (empty) storage and fails
+    ("invalid python storage"). Such a slice goes in as a copy; the load copies back into the parameter
+    (:func:`load_sharded_state_dict` copies whatever does not share the parameter's memory).
+    """
+    t = t.detach()
+    return t.clone() if t.storage_offset() else t
+
+
 def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
-    """``model.state_dict()`` with every tensor-parallel slice as a ``DTensor`` shard (storage shared)."""
+    """``model.state_dict()`` with every tensor-parallel slice as a ``DTensor`` shard (storage shared, except
+    for a slice that is a view at an offset: Note [shard storage offset])."""
     from torch.distributed.tensor import DTensor, Shard
 
     meshes: dict[int, Any] = {}
@@ -45,7 +60,7 @@ def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
     for key, value in model.state_dict(keep_vars=True).items():
         if isinstance(value, torch.Tensor) and is_split(value):
             mesh = _mesh_of(value.mp_group, meshes, value.device.type)
-            out[key] = DTensor.from_local(value.detach(), mesh, [Shard(value.split_axis)], run_check=False)
+            out[key] = DTensor.from_local(_local(value), mesh, [Shard(value.split_axis)], run_check=False)
         else:
             out[key] = value.detach() if isinstance(value, torch.Tensor) else value
     return out
@@ -93,7 +108,7 @@ def sharded_optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, 
             continue
         mesh = _mesh_of(p.mp_group, meshes, p.device.type)
         osd["state"][fqn] = {  # a new dict: torch's entries may be the optimizer's own
-            name: DTensor.from_local(value, mesh, [Shard(p.split_axis)], run_check=False)
+            name: DTensor.from_local(_local(value), mesh, [Shard(p.split_axis)], run_check=False)
             if isinstance(value, torch.Tensor) and value.shape == p.shape else value
             for name, value in entry.items()}
     return osd

@@ -317,3 +317,11 @@ class PipelineParallel(WrappedModel):
         from ..hybrid_state import load_full_state_dict
 
         return load_full_state_dict(self._layers, state_dict, strict=strict)
+
+    def agree_buffers(self) -> None:
+        """Give this stage's data-parallel replicas the first replica's buffers (collective over the data-parallel
+        group; each stage holds its own buffers, so never over the world)."""
+        if self.dp_group is not None:
+            from .....parallel.comm import broadcast_coalesced
+
+            broadcast_coalesced(list(self._layers.buffers()), self.dp_group)

@@ -167,3 +167,25 @@ def opt_state(trainer):
     opt = getattr(trainer.optimizer, "inner_opt", trainer.optimizer)
     return {k: {n: v.clone() for n, v in e.items()}
             for k, e in get_optimizer_state_dict(trainer.network, opt)["state"].items()}
+
+
+class TPBlock(nn.Module):
+    """A residual MLP of tensor-parallel layers (mp > 1) or plain ones (``tp=False``), the same names."""
+
+    def __init__(self, tp=True):
+        super().__init__()
+        if tp:
+            self.up = ColumnParallelLinear(IN, HIDDEN, has_bias=True, gather_output=False)
+            self.down = RowParallelLinear(HIDDEN, IN, input_is_parallel=True)
+        else:
+            self.up, self.down = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, IN)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def mp_pp_descs(tp=True):
+    """Tensor-parallel blocks inside pipeline stages (mp x pp); ``tp=False``: the single-process layers."""
+    return [LayerDesc(TPBlock, tp), LayerDesc(nn.LayerNorm, IN), LayerDesc(TPBlock, tp),
+            LayerDesc(ColumnParallelLinear, IN, OUT, has_bias=False, gather_output=True) if tp else
+            LayerDesc(nn.Linear, IN, OUT, bias=False)]

@@ -1,0 +1,119 @@
+"""4 ranks. Hybrid checkpoints written with dp = 2 (dp2 x mp2 through ``fit``, dp2 x pp2 through ``train_batch``)
+load into dp = 4 (the single-process twin under data parallel over the 4 ranks). Reference: the full weights of
+the saved model, gathered when it was saved (``torch.equal``). Also: ``PipelineParallel.agree_buffers`` agrees a
+stage's buffers over its data-parallel group only (the other stage has none: over the world it would hang).
+
+mp2 x pp2 (tensor-parallel layers inside stages): the full state is the single-process model's (the weights it
+was built from, exactly), and its DCP state, saved after two steps, holds the full weights then (read offline)
+and loads back into a fresh mp2 x pp2 model, each rank's slices and optimizer state ``torch.equal``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hybrid_models import (
+    PipelineLayer,
+    RefNet,
+    batches,
+    init_fleet,
+    mp_pp_descs,
+    pipe_batch,
+    pp_steps,
+    pp_trainer,
+    single_pipe_trainer,
+    tp_trainer,
+)
+from torch import nn
+
+import fleetlite.checkpoint as ckpt
+from fleetlite.checkpoint.torch_state import app_state, load_app_state
+from fleetlite.distributed import fleet
+from fleetlite.distributed.fleet.meta_parallel import is_split
+from fleetlite.testing import run_ranks
+
+
+def _save_then_load_on_dp4(rank, world, root):
+    root = Path(root)
+    t = tp_trainer(mp=2, dp=2)
+    t.fit(batches(), epochs=1, save_dir=root / "mp", verbose=0)
+    tp_saved = t.get_weights()
+    t = pp_trainer(dp=2)
+    pp_steps(t, 0, 2)
+    t.save(root / "pp")
+    pp_saved = t.get_weights()
+    stage = t.parallel_network.stage_id
+    if stage == 1:  # a buffer on the last stage only: agreed over its data-parallel group, never over the world
+        t.network.register_buffer("mark", torch.full((2,), float(rank)))
+    t.parallel_network.agree_buffers()
+    mark = t.network.mark.tolist() if stage == 1 else None
+
+    t = tp_trainer(mp=1, dp=4)  # (re-initialises fleet with dp = 4)
+    t.load(root / "mp" / "epoch-0000")
+    tp_loaded = t.get_weights()
+    init_fleet(dp=4)
+    t = single_pipe_trainer()
+    t.load(root / "pp")
+    return tp_saved, tp_loaded, pp_saved, t.get_weights(), type(t.parallel_network).__name__, (stage, mark)
+
+
+@pytest.mark.timeout(600)
+def test_dp2_checkpoints_load_into_dp4(tmp_path):
+    out = run_ranks(_save_then_load_on_dp4, world_size=4, args=(str(tmp_path),), timeout=500)
+    tp_saved, _, pp_saved, _, _, _ = out[0]
+    assert tp_saved.keys() == RefNet().state_dict().keys()
+    # dp2 x pp2: ranks 0, 2 are stage 0 and ranks 1, 3 stage 1; rank 3's buffer became its replica rank 1's
+    assert [o[5] for o in out] == [(0, None), (1, [1.0, 1.0]), (0, None), (1, [1.0, 1.0])]
+    for _tp, tp_loaded, _pp, pp_loaded, wrapper, _ in out:
+        assert wrapper == "DataParallel"
+        for k, v in tp_saved.items():
+            assert torch.equal(tp_loaded[k], v), k
+        assert pp_loaded.keys() == pp_saved.keys()
+        for k, v in pp_saved.items():
+            assert torch.equal(pp_loaded[k], v), k
+
+
+def _mp_pp_stage(hcg, ref):
+    stage = PipelineLayer(mp_pp_descs(), topology=hcg.topology(), loss_fn=nn.CrossEntropyLoss())
+    mp, r = hcg.get_model_parallel_world_size(), hcg.get_model_parallel_rank()
+    full = ref.state_dict()
+    with torch.no_grad():
+        for name, p in stage.named_parameters():
+            p.copy_(full[name].chunk(mp, dim=p.split_axis)[r] if is_split(p) else full[name])
+    return stage
+
+
+def _mp_pp(rank, world, root):
+    torch.manual_seed(0)
+    ref = PipelineLayer(mp_pp_descs(tp=False), num_stages=1)
+    hcg = init_fleet(mp=2, pp=2, pipeline={"accumulate_steps": 2, "micro_batch_size": 4})
+    model = fleet.distributed_model(_mp_pp_stage(hcg, ref))
+    assert any(is_split(p) for p in model.module.parameters())
+    start_full = model.full_state_dict()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    for step in range(2):
+        model.train_batch(list(pipe_batch(step)), opt)
+    ckpt.save(app_state(model.module, opt, writing=True), root)
+    trained_full = model.full_state_dict(rank0_only=True)
+    again = fleet.distributed_model(_mp_pp_stage(hcg, ref))
+    again_opt = torch.optim.AdamW(again.parameters(), lr=0.05)
+    load_app_state(again.module, again_opt, root)
+    same = all(torch.equal(v, again.module.state_dict()[k]) for k, v in model.module.state_dict().items())
+    a, b = opt.state_dict()["state"], again_opt.state_dict()["state"]
+    same_opt = a.keys() == b.keys() and all(torch.equal(a[i][n], b[i][n]) for i in a for n in a[i])
+    return start_full, ref.state_dict(), trained_full, same, same_opt
+
+
+@pytest.mark.timeout(600)
+def test_mp2_pp2_full_state_and_checkpoint(tmp_path):
+    out = run_ranks(_mp_pp, world_size=4, args=(str(tmp_path / "mp_pp"),), timeout=500)
+    for rank, (start_full, ref, trained_full, same, same_opt) in enumerate(out):
+        assert start_full.keys() == ref.keys()
+        for k, v in ref.items():
+            assert torch.equal(start_full[k], v), k
+        assert same and same_opt
+        assert trained_full == {} if rank else trained_full.keys() == ref.keys()
+    saved = ckpt.load_full(tmp_path / "mp_pp")
+    for k, v in out[0][2].items():
+        assert torch.equal(saved[k], v), k

@@ -58,7 +58,12 @@ def _pipeline(module: nn.Module) -> Any:
 
 
 def is_hybrid_module(module: nn.Module) -> bool:
-    """True for a model whose ranks hold different parts of it: tensor-parallel slices or one pipeline stage."""
+    """True for a model whose ranks hold different parts of it: tensor-parallel slices or one pipeline stage.
+
+    Example::
+
+        is_hybrid_module(tp_model._layers), is_hybrid_module(torch.nn.Linear(2, 2))     # True, False
+    """
     return _pipeline(module) is not None or any(is_split(p) for p in module.parameters())
 
 
@@ -147,7 +152,13 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], stric
 
 def has_flat_optimizer(keys: Iterable[str]) -> bool:
     """Whether a DCP checkpoint's keys hold the optimizer in torch's flattened form (Note [hybrid DCP state]):
-    parameter-group entries without the nested form's ``optim.param_groups.<i>.params`` lists."""
+    parameter-group entries without the nested form's ``optim.param_groups.<i>.params`` lists.
+
+    Example::
+
+        has_flat_optimizer(["optim.param_groups.1.weight.lr"])                          # True
+        has_flat_optimizer(["optim.param_groups.0.lr", "optim.param_groups.0.params"])  # False
+    """
     keys = list(keys)
     nested = any(re.fullmatch(r"optim\.param_groups\.\d+\.params(\.\d+)?", k) for k in keys)
     return not nested and any(k.startswith("optim.param_groups.") for k in keys)
@@ -214,7 +225,12 @@ def _to_local(value: Any) -> Any:
 
 
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
-    """Put a :func:`dcp_state` that ``dcp.load`` filled back into ``module`` (and ``optimizer`` unless None)."""
+    """Put a :func:`dcp_state` that ``dcp.load`` filled back into ``module`` (and ``optimizer`` unless None).
+
+    Example::
+
+        state = dcp_state(stage, opt); dcp.load(state, checkpoint_id="ckpt"); load_dcp_state(stage, opt, state)
+    """
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     from ....parallel.sharded.rebuild import groups_kept
@@ -230,7 +246,12 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
 
 def degrees_of(module: nn.Module) -> dict[str, int]:
     """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model), from its slices'
-    mp group and its pipeline's stages; dp is the rest of the world."""
+    mp group and its pipeline's stages; dp is the rest of the world.
+
+    Example::
+
+        degrees_of(stage)          # {"dp": 2, "mp": 2, "pp": 2} on 8 ranks
+    """
     mp = max((_mp(p)[0] for p in module.parameters() if is_split(p)), default=1)
     pipe = _pipeline(module)
     pp = pipe.get_num_stages() if pipe is not None else 1

@@ -192,6 +192,10 @@ class GPTRecipe:
 
         return {"rng": capture_rng_state(), "mp_rng": get_rng_state_tracker().get_states_tracker()}
 
+    def _degrees(self) -> dict[str, int]:
+        h = self.hcg
+        return {"dp": self.dp, "mp": h.get_model_parallel_world_size(), "pp": self.pp}
+
     def save(self, step: int) -> Path:
         """Write ``checkpoints/step-{step:08d}/`` (collective) and point ``latest`` at it."""
         from fleetlite.checkpoint import RANK0_FILE, save, save_checkpoint
@@ -200,6 +204,7 @@ class GPTRecipe:
 
         ranks = all_gather_object(self._rng())
         state = {"step": step, "losses": list(self.losses), "ranks": ranks, "world_size": get_world_size(),
+                 "degrees": self._degrees(),
                  "config": OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)}
         path = self.checkpoint_dir / f"step-{step:08d}"
         save(app_state(self.model.module, self.optimizer, writing=True), path, meta={"global_step": step},
@@ -229,7 +234,8 @@ class GPTRecipe:
             load_app_state(self.model.module, self.optimizer, path)
         except CheckpointError as e:
             raise ConfigError(f"resume={target}: {e}") from None
-        if s["world_size"] == get_world_size():  # another layout reshards the weights; its random streams differ
+        same_layout = s["world_size"] == get_world_size() and s.get("degrees") == self._degrees()
+        if same_layout:  # else resharded: the saved weights and optimizer state, this run's random streams
             entry = s["ranks"][get_rank()]
             restore_rng_state(entry["rng"])
             get_rng_state_tracker().set_states_tracker(entry["mp_rng"])

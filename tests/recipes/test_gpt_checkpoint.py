@@ -53,3 +53,18 @@ def test_resume_equals_the_uninterrupted_run(tmp_path, hybrid):
         assert sorted(one) == [3, 4]
         assert float(one[4]) == pytest.approx(float(whole[4]), abs=1e-4)
         assert float(one_final) == pytest.approx(float(whole_final), abs=1e-4)
+
+
+@pytest.mark.timeout(400)
+def test_resume_mistakes_are_one_line(tmp_path):
+    one = ["train.steps=2", "model.width=64", "data.num_chars=20000", "train.eval_batches=1", "train.save_steps=2"]
+    run(one, tmp_path, 1)
+    proc = fleetlite_run([*one, "resume=latest", "train.steps=1"], tmp_path, nproc=1)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "past train.steps=1" in errors[0], proc.stderr[-2000:]
+    proc = fleetlite_run(one, tmp_path, nproc=1)  # a fresh run over the checkpoints: refused before it starts
+    assert proc.returncode == 2 and "resume" in proc.stderr, proc.stderr[-2000:]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    proc = fleetlite_run([*one, "resume=latest"], fresh, nproc=1)  # nothing to continue from
+    assert proc.returncode == 2 and "holds no checkpoint" in proc.stderr, proc.stderr[-2000:]

@@ -1,11 +1,15 @@
-"""4 ranks. Hybrid checkpoints written with dp = 2 (dp2 x mp2 through ``fit``, dp2 x pp2 through ``train_batch``)
-load into dp = 4 (the single-process twin under data parallel over the 4 ranks). Reference: the full weights of
-the saved model, gathered when it was saved (``torch.equal``). Also: ``PipelineParallel.agree_buffers`` agrees a
-stage's buffers over its data-parallel group only (the other stage has none: over the world it would hang).
+"""4 ranks, each test against a reference.
+
+dp2 x mp2 resumed at an epoch end ends as the uninterrupted run (``torch.equal``). Hybrid checkpoints written
+with dp = 2 (dp2 x mp2 through ``fit``, dp2 x pp2 through ``train_batch``) load into dp = 4 (the single-process
+twin under data parallel over the 4 ranks): the full weights of the saved model, gathered when it was saved
+(``torch.equal``). ``PipelineParallel.agree_buffers`` agrees a stage's buffers over its data-parallel group
+only (the other stage has none: over the world it would hang).
 
 mp2 x pp2 (tensor-parallel layers inside stages): the full state is the single-process model's (the weights it
 was built from, exactly), and its DCP state, saved after two steps, holds the full weights then (read offline)
-and loads back into a fresh mp2 x pp2 model, each rank's slices and optimizer state ``torch.equal``."""
+and loads back into a fresh mp2 x pp2 model, each rank's slices and optimizer state ``torch.equal``.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,12 @@ def _save_then_load_on_dp4(rank, world, root):
     t = tp_trainer(mp=2, dp=2)
     t.fit(batches(), epochs=1, save_dir=root / "mp", verbose=0)
     tp_saved = t.get_weights()
+    t = tp_trainer(mp=2, dp=2)  # dp2 x mp2 resumed at the epoch end, against the uninterrupted run
+    t.fit(batches(), epochs=2, save_dir=root / "mp", resume="latest", verbose=0)
+    resumed = t.get_weights()
+    t = tp_trainer(mp=2, dp=2)
+    t.fit(batches(), epochs=2, save_dir=root / "whole", verbose=0)
+    resumed_equal = all(torch.equal(v, resumed[k]) for k, v in t.get_weights().items())
     t = pp_trainer(dp=2)
     pp_steps(t, 0, 2)
     t.save(root / "pp")
@@ -55,17 +65,19 @@ def _save_then_load_on_dp4(rank, world, root):
     init_fleet(dp=4)
     t = single_pipe_trainer()
     t.load(root / "pp")
-    return tp_saved, tp_loaded, pp_saved, t.get_weights(), type(t.parallel_network).__name__, (stage, mark)
+    return tp_saved, tp_loaded, pp_saved, t.get_weights(), type(t.parallel_network).__name__, (stage, mark), \
+        resumed_equal
 
 
 @pytest.mark.timeout(600)
 def test_dp2_checkpoints_load_into_dp4(tmp_path):
     out = run_ranks(_save_then_load_on_dp4, world_size=4, args=(str(tmp_path),), timeout=500)
-    tp_saved, _, pp_saved, _, _, _ = out[0]
+    tp_saved, _, pp_saved, _, _, _, _ = out[0]
+    assert all(o[6] for o in out)  # dp2 x mp2: the resumed run's weights torch.equal the uninterrupted run's
     assert tp_saved.keys() == RefNet().state_dict().keys()
     # dp2 x pp2: ranks 0, 2 are stage 0 and ranks 1, 3 stage 1; rank 3's buffer became its replica rank 1's
     assert [o[5] for o in out] == [(0, None), (1, [1.0, 1.0]), (0, None), (1, [1.0, 1.0])]
-    for _tp, tp_loaded, _pp, pp_loaded, wrapper, _ in out:
+    for _tp, tp_loaded, _pp, pp_loaded, wrapper, _, _ in out:
         assert wrapper == "DataParallel"
         for k, v in tp_saved.items():
             assert torch.equal(tp_loaded[k], v), k

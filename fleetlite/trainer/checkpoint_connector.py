@@ -401,6 +401,9 @@ class CheckpointConnector:
                 raise
         if not reset_optimizer:  # before anything is loaded
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
+            if s.get("optimizer") is not None and t.user_optimizer is not None:
+                t.setup()  # (the wrapped model says whether it is hybrid)
+                self._refuse_file_optimizer(path, "use reset_optimizer=True to load the weights only")
         weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
         own = self.model_state(rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
         if skip_mismatch:
@@ -416,7 +419,6 @@ class CheckpointConnector:
                                         f"matches): {e}") from None
         if not reset_optimizer and s.get("optimizer") is not None and t.user_optimizer is not None:
             t.setup()  # wraps the optimizer too; a loss is not needed to load
-            self._refuse_file_optimizer(path, "use reset_optimizer=True to load the weights only")
             try:
                 t.optimizer.load_state_dict(s["optimizer"])
             except (ValueError, KeyError, RuntimeError) as e:

@@ -158,3 +158,27 @@ def test_mp2_checkpoint_loads_into_dp2_and_mid_epoch_resume_on_other_degrees_is_
         _equal(weights, out[0]["at_epoch_0"])
         assert refused is not None and "dp=1 x mp=2 x pp=1" in refused and "dp=2 x mp=1 x pp=1" in refused
         assert "epoch end" in refused
+
+
+def _file_into_mp2(rank, world, path):
+    t = tp_trainer()
+    t.setup()  # (before the model is wrapped, get_weights returns the plain module's: this rank's slices)
+    before = t.get_weights()
+    try:
+        t.load(path)
+        refused = None
+    except CheckpointError as e:
+        refused = str(e)
+    untouched = all(torch.equal(v, t.get_weights()[k]) for k, v in before.items())
+    t.load(path, reset_optimizer=True)
+    return refused, untouched, t.get_weights()
+
+
+@pytest.mark.timeout(500)
+def test_a_single_process_file_loads_its_weights_into_mp2_but_not_its_optimizer(tmp_path, clean_dist_env):
+    t = tp_trainer(mp=1)
+    t.fit(batches(), epochs=1, verbose=0)
+    path = t.save(tmp_path / "one.pt")  # one process: a checkpoint file, AdamW state over whole tensors
+    for refused, untouched, weights in run_ranks(_file_into_mp2, world_size=2, args=(str(path),), timeout=300):
+        assert refused is not None and "reset_optimizer=True" in refused and untouched  # refused before loading
+        _equal(weights, t.get_weights())

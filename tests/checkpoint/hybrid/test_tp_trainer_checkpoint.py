@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_models import RefNet, batches, opt_state, tp_trainer
+from hybrid_models import RefNet, TPNet, batches, init_fleet, opt_state, tp_trainer
 
 import fleetlite
 import fleetlite.checkpoint as ckpt
 from fleetlite.checkpoint import CheckpointError
+from fleetlite.static import InputSpec
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.callbacks import ModelCheckpoint
 from fleetlite.trainer.export import load_safetensors
@@ -64,6 +65,17 @@ def _mp2_runs(rank, world, root):
     a, b = opt_state(t), opt_state(fresh)
     out["loaded_opt_equal"] = all(torch.equal(a[p][n], b[p][n]) for p in a for n in a[p])
     out["dirs"] = sorted(p.name for p in (root / "mid").iterdir())
+
+    init_fleet(mp=2)  # Paddle's face: Model.save(path, training=False) writes the full weights as {path}.pt
+    torch.manual_seed(0)
+    net = TPNet()
+    model = fleetlite.Model(net, [InputSpec([None, 6], "float32", "x")])
+    model.prepare(torch.optim.AdamW(net.parameters()), torch.nn.CrossEntropyLoss())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.save(str(root / "hapi" / "infer"), training=False)
+    out["hapi_warnings"] = [str(w.message) for w in caught]
+    out["hapi_full"] = model._trainer.get_weights()
     return out
 
 
@@ -135,6 +147,10 @@ def test_export_and_weights_file_hold_the_full_model(mp2, clean_dist_env):
     net = RefNet()
     fleetlite.Trainer(net).load(root / "weights.pt")
     _equal(net.state_dict(), out[0]["whole"])
+    net = RefNet()  # hapi's Model.save(path, training=False): the weights file holds the full model too
+    fleetlite.Trainer(net).load(root / "hapi" / "infer.pt")
+    _equal(net.state_dict(), out[0]["hapi_full"])
+    assert any("inference program" in w for w in out[0]["hapi_warnings"])  # no program of one rank's slices
 
 
 def _reshard_to_dp2(rank, world, root, saved_mid):

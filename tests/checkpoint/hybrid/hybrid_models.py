@@ -21,6 +21,8 @@ from fleetlite.distributed.fleet.meta_parallel import (
     PipelineLayer,
     RowParallelLinear,
     SharedLayerDesc,
+    get_rng_state_tracker,
+    model_parallel_random_seed,
 )
 
 IN, HIDDEN, OUT = 6, 8, 6
@@ -34,6 +36,17 @@ class TPNet(nn.Module):
 
     def forward(self, x):
         return self.down(torch.relu(self.up(x)))
+
+
+class TPDropNet(TPNet):
+    """``TPNet`` with dropout on the sharded activations, under the model-parallel RNG tracker (its state must be
+    checkpointed per rank for a bit-identical resume)."""
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        with get_rng_state_tracker().rng_state():
+            h = nn.functional.dropout(h, 0.3, self.training)
+        return self.down(h)
 
 
 class RefNet(nn.Module):
@@ -74,11 +87,14 @@ def init_fleet(dp=1, mp=1, pp=1, pipeline=None):
     return fleet.get_hybrid_communicate_group()
 
 
-def tp_trainer(mp=2, dp=1, lr=0.05):
-    """A Trainer over ``TPNet`` (mp > 1) or ``RefNet`` (mp = 1), seeded alike: the same full initial weights."""
+def tp_trainer(mp=2, dp=1, lr=0.05, dropout=False):
+    """A Trainer over ``TPNet`` (mp > 1) or ``RefNet`` (mp = 1), seeded alike: the same full initial weights;
+    ``dropout``: ``TPDropNet``, the tracker seeded afresh."""
     init_fleet(dp=dp, mp=mp)
+    if dropout:
+        model_parallel_random_seed(5)
     torch.manual_seed(0)
-    net = TPNet() if mp > 1 else RefNet()
+    net = TPDropNet() if dropout else TPNet() if mp > 1 else RefNet()
     return fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=lr), nn.CrossEntropyLoss())
 
 

@@ -198,3 +198,21 @@ def test_a_single_process_file_loads_its_weights_into_mp2_but_not_its_optimizer(
     for refused, untouched, weights in run_ranks(_file_into_mp2, world_size=2, args=(str(path),), timeout=300):
         assert refused is not None and "reset_optimizer=True" in refused and untouched  # refused before loading
         _equal(weights, t.get_weights())
+
+
+def _dropout_runs(rank, world, root):
+    root = Path(root)
+    t = tp_trainer(dropout=True)
+    t.fit(batches(), epochs=EPOCHS, verbose=0)
+    whole = t.get_weights()
+    t = tp_trainer(dropout=True)
+    t.fit(batches(), epochs=EPOCHS, num_iters=3, save_dir=root / "drop", verbose=0)
+    t = tp_trainer(dropout=True)
+    t.fit(batches(), epochs=EPOCHS, save_dir=root / "drop", resume="latest", verbose=0)
+    return whole, t.get_weights()
+
+
+@pytest.mark.timeout(500)
+def test_dropout_under_the_model_parallel_rng_tracker_resumes_bit_identically(tmp_path):
+    for whole, resumed in run_ranks(_dropout_runs, world_size=2, args=(str(tmp_path),), timeout=300):
+        _equal(resumed, whole)  # the tracker's state (per mp rank) came back with the checkpoint

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..distributed.fleet.meta_parallel import hybrid_state
 from ..parallel.sharded.rebuild import groups_kept
-from .dcp import load, saved_keys
+from .dcp import load, saved_keys, validate
 from .files import CheckpointError
 
 __all__ = ["app_state", "load_app_state", "optimizer_name", "check_optimizer", "check_finite"]
@@ -64,9 +64,7 @@ def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None, writi
     if optimizer is not None:
         opt, zero = _split(optimizer)
         if flat and zero is not None:
-            raise CheckpointError(None, "this checkpoint's optimizer state was written by a tensor/pipeline-parallel "
-                                        "run, which sharding stage 1 cannot read; load its weights only "
-                                        "(Trainer.load(path, reset_optimizer=True)) or resume without sharding")
+            raise ValueError("sharding stage 1 keeps its optimizer state in the nested form; flat=True does not apply")
         state["optim"] = get_optimizer_state_dict(module, opt, options=StateDictOptions(
             flatten_optimizer_state_dict=flat))
         if flat:
@@ -89,7 +87,12 @@ def load_app_state(module: nn.Module, optimizer: Any, path: Path) -> None:
         set_optimizer_state_dict,
     )
 
+    validate(path)  # (a clear error before its keys are read)
     flat = optimizer is not None and hybrid_state.has_flat_optimizer(saved_keys(path))
+    if flat and _split(optimizer)[1] is not None:
+        raise CheckpointError(path, "its optimizer state was written by a tensor/pipeline-parallel run, which "
+                                    "sharding stage 1 cannot read; load its weights only (Trainer.load(path, "
+                                    "reset_optimizer=True)) or resume without sharding")
     app = app_state(module, optimizer, flat=flat)
     hybrid = hybrid_state.is_hybrid_module(module)
     load(app, path, subset=hybrid)  # a pipeline stage reads its own layers' entries

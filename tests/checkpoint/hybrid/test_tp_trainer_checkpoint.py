@@ -19,6 +19,7 @@ from hybrid_models import RefNet, TPNet, batches, init_fleet, opt_state, tp_trai
 import fleetlite
 import fleetlite.checkpoint as ckpt
 from fleetlite.checkpoint import CheckpointError
+from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.static import InputSpec
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.callbacks import ModelCheckpoint
@@ -163,15 +164,28 @@ def _reshard_to_dp2(rank, world, root, saved_mid):
         t.fit(batches(), epochs=EPOCHS, resume=saved_mid, verbose=0)
     except CheckpointError as e:
         refused = str(e)
-    return weights, refused
+    fleet_impl._reset()  # sharding stage 1 over both ranks: its optimizer cannot take the hybrid (flattened) state
+    net = RefNet()
+    t = fleetlite.Trainer(net, torch.optim.AdamW(net.parameters()), torch.nn.CrossEntropyLoss(),
+                          strategy={"sharding": True, "sharding_configs": {"stage": 1}})
+    try:
+        t.load(Path(root) / "epoch" / "epoch-0000")
+        stage1 = None
+    except CheckpointError as e:
+        stage1 = str(e)
+    t.load(Path(root) / "epoch" / "epoch-0000", reset_optimizer=True)
+    return weights, refused, stage1, t.get_weights()
 
 
 @pytest.mark.timeout(500)
 def test_mp2_checkpoint_loads_into_dp2_and_mid_epoch_resume_on_other_degrees_is_refused(mp2):
     root, out = mp2
     mid = str(root / "mid" / "step-00000003")
-    for weights, refused in run_ranks(_reshard_to_dp2, world_size=2, args=(str(root), mid), timeout=300):
+    for weights, refused, stage1, stage1_weights in run_ranks(_reshard_to_dp2, world_size=2, args=(str(root), mid),
+                                                              timeout=300):
         _equal(weights, out[0]["at_epoch_0"])
+        _equal(stage1_weights, out[0]["at_epoch_0"])
+        assert stage1 is not None and "sharding stage 1" in stage1 and "reset_optimizer=True" in stage1
         assert refused is not None and "dp=1 x mp=2 x pp=1" in refused and "dp=2 x mp=1 x pp=1" in refused
         assert "epoch end" in refused
 

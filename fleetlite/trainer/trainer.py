@@ -367,8 +367,9 @@ class Trainer:
         to 32, a pipeline model's rows per step; ``steps``: the first ``steps`` batches of each rank). Returns, for a
         model with one output, a list of batch tensors (one tensor with ``stack_outputs=True``); for several
         outputs, a list with one such entry per output (Paddle's layout). Outputs whose non-batch dims differ
-        between batches come back batch by batch (Note [predict batches]). ``output_dir``: stream the outputs to disk instead (memory independent
-        of the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
+        between batches come back batch by batch (Note [predict batches]). ``output_dir``: stream the outputs to
+        disk instead (memory independent of the data size) and return the merged ``.npy`` paths (Note [streamed
+        predictions]).
         """
         self.setup()
         batch_size = self._default_batch_size(batch_size)

@@ -1,0 +1,77 @@
+"""fleetlite.Trainer and fleetlite.Model fit / evaluate / predict a tensor-parallel model (mp = 2, dp x mp = 2 x 2)
+exactly as one process does with the same model, weights, data and global batch: history (loss, metrics, val_*),
+evaluate, predict in dataset order and the final (gathered) weights, within 1e-5; with the hybrid global-norm
+clip and the per-tensor clip of a slice (the full tensor's norm)."""
+
+import pytest
+import torch
+from hybrid_models import N_EVAL, compare, dataset, full_tp_weights, init_fleet, reference_net, run_trainer, tp_net
+
+import fleetlite
+from fleetlite.distributed.fleet import fleet as fleet_impl
+from fleetlite.testing import run_ranks
+
+BATCH, EVAL_BATCH = 8, 8
+CLIPS = {"global": {"global_clipnorm": 0.05}, "each": {"clipnorm": 0.05}}
+
+
+def _reference(clip, global_batch):
+    fleet_impl._reset()
+    net = reference_net()
+    _, out = run_trainer(net, None, global_batch, EVAL_BATCH, clip=CLIPS[clip])
+    out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
+    return out
+
+
+def _tp(rank, world, degrees, clip):
+    torch.set_num_threads(1)
+    strategy = init_fleet(degrees)
+    net = tp_net()
+    _, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip])
+    out["weights"] = full_tp_weights(net)
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("clip", ["global", "each"])
+def test_mp2_trainer_equals_one_process(clip):
+    ref = _reference(clip, BATCH)
+    for r in run_ranks(_tp, 2, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}, clip), timeout=240):
+        assert not compare(r, ref), compare(r, ref)
+        assert r["predict"].shape[0] == N_EVAL
+
+
+@pytest.mark.timeout(400)
+def test_dp2_mp2_trainer_equals_one_process_with_the_global_batch():
+    ref = _reference("global", 2 * BATCH)
+    for r in run_ranks(_tp, 4, args=({"dp_degree": 2, "mp_degree": 2, "pp_degree": 1}, "global"), timeout=300):
+        assert not compare(r, ref), compare(r, ref)
+
+
+def _hapi(rank=0, world=1):
+    """fleetlite.Model (Paddle's hapi): prepare, fit, evaluate with mp = 2 (or one process on the plain net)."""
+    torch.set_num_threads(1)
+    if world > 1:  # Paddle's order: fleet.init(strategy) first; the Model's Trainer takes that strategy
+        init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+        net = tp_net()
+    else:
+        fleet_impl._reset()
+        net = reference_net()
+    model = fleetlite.Model(net)
+    opt = torch.optim.Adam(net.parameters(), 1e-2)
+    opt._grad_clip = fleetlite.trainer.clipping.ClipGradByGlobalNorm(0.05)  # Paddle's grad_clip on the optimizer
+    model.prepare(opt, torch.nn.CrossEntropyLoss(), fleetlite.metric.Accuracy())
+    model.fit(dataset(48, 1), dataset(N_EVAL, 2), 8, 2, verbose=0)
+    out = {"evaluate": model.evaluate(dataset(N_EVAL, 2), batch_size=8, verbose=0)}
+    out["weights"] = full_tp_weights(net) if world > 1 else {k: v.detach().clone() for k, v in net.named_parameters()}
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_hapi_model_fit_evaluate_mp2():
+    ref = _hapi()
+    for r in run_ranks(_hapi, 2, timeout=240):
+        assert abs(r["evaluate"]["loss"][0] - ref["evaluate"]["loss"][0]) <= 1e-5, (r["evaluate"], ref["evaluate"])
+        assert abs(r["evaluate"]["acc"] - ref["evaluate"]["acc"]) <= 1e-5
+        for k, w in ref["weights"].items():
+            assert (r["weights"][k] - w).abs().max() <= 1e-5, k

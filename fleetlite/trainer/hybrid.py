@@ -30,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -170,28 +172,55 @@ class PipelineSteps:
         return {size} if isinstance(size, int) else set()
 
     # -- steps -------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _captured(self, wanted: bool) -> Iterator[list[Any]]:
+        """The last stage's outputs of the micro-batches run inside the block (a forward hook on its stage).
+
+        A schedule's first step also runs the stage once to infer shapes: only the last ``accumulate_steps``
+        outputs are the micro-batches' (:meth:`_batch_outputs`)."""
+        captured: list[Any] = []
+        hook = None
+        if wanted and self.last:
+            hook = self.net.module.register_forward_hook(lambda _m, _a, out: captured.append(out))
+        try:
+            yield captured
+        finally:
+            if hook is not None:
+                hook.remove()
+
+    def _batch_outputs(self, captured: list[Any]) -> Any:
+        return _cat(captured[-int(self.net.accumulate_steps):]) if captured else None
+
     def train_step(self, batch: Any) -> dict[str, Any]:
         """``train_batch`` with the Trainer's optimizer step; training metrics on the last stage."""
         t = self.trainer
         inputs, labels = t.split_batch(batch)
-        captured: list[Any] = []
-        hook = None
-        if self.last and t.metrics:
-            hook = self.net.module.register_forward_hook(lambda _m, _a, out: captured.append(out))
-        try:
+        with self._captured(bool(t.metrics)) as captured:
             loss = self.net.train_batch([_pack(inputs), _pack(labels)], _TrainerStep(t))
-        finally:
-            if hook is not None:
-                hook.remove()
         if captured:
-            t.update_metrics(_cat(captured), labels)
+            t.update_metrics(self._batch_outputs(captured), labels)
         return {"loss": loss}
 
     def _outputs(self, batch: Any) -> tuple[Any, tuple[Any, ...]]:
-        """The last stage's outputs for ``batch`` (None on the other stages), padded rows dropped; its labels."""
+        """The last stage's outputs for ``batch`` (None on the other stages), padded rows dropped; its labels.
+
+        # Note [pipeline evaluation schedule]
+        ``eval_batch(compute_loss=False)`` runs a second schedule over the stage, and a ``train_batch`` after it
+        no longer equals the run without it (meta_parallel's PipelineParallel; found by the Trainer's parity
+        test). With labels and a loss the evaluation therefore goes through ``eval_batch(compute_loss=True)``,
+        the training schedule run forward only, and the outputs are taken by a forward hook on the last stage;
+        its loss (padded rows included) is not used. Without labels (prediction of inputs alone) the loss-free
+        schedule is the only way: train after it from a fresh Trainer.
+        """
         inputs, labels = self.trainer.split_batch(batch)
         n = batch_length(batch)
-        out = self.net.eval_batch([_pack(_pad(inputs, self.rows)), None], compute_loss=False)
+        x = _pack(_pad(inputs, self.rows))
+        if labels and getattr(self.net.module, "_loss_fn", None) is not None:
+            with self._captured(True) as captured:
+                self.net.eval_batch([x, _pack(_pad(labels, self.rows))], compute_loss=True)
+            out = self._batch_outputs(captured)
+        else:
+            out = self.net.eval_batch([x, None], compute_loss=False)
         return (trim_batch(out, n) if self.last else None), labels
 
     def eval_step(self, batch: Any) -> dict[str, Any]:

@@ -123,11 +123,11 @@ def all_stage_weights(stage: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def run_trainer(net: nn.Module, strategy, batch_size: int, eval_batch: int, epochs: int = 2, clip=None,
-                cls=fleetlite.Trainer):
+                loss: nn.Module | None = None):
     """fit (with eval_data), evaluate and predict; the same calls on every kind of run."""
     torch.set_num_threads(1)
     opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
-    t = cls(net, opt, nn.CrossEntropyLoss(), metrics=Accuracy(topk=(1, 2)), strategy=strategy, device="cpu")
+    t = fleetlite.Trainer(net, opt, loss, metrics=Accuracy(topk=(1, 2)), strategy=strategy, device="cpu")
     if clip is not None:
         t.compile(**clip)
     train, test = dataset(N_TRAIN, 1), dataset(N_EVAL, 2)

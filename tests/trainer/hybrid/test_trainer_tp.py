@@ -18,7 +18,7 @@ CLIPS = {"global": {"global_clipnorm": 0.05}, "each": {"clipnorm": 0.05}}
 def _reference(clip, global_batch):
     fleet_impl._reset()
     net = reference_net()
-    _, out = run_trainer(net, None, global_batch, EVAL_BATCH, clip=CLIPS[clip])
+    _, out = run_trainer(net, None, global_batch, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
     return out
 
@@ -27,7 +27,7 @@ def _tp(rank, world, degrees, clip):
     torch.set_num_threads(1)
     strategy = init_fleet(degrees)
     net = tp_net()
-    _, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip])
+    _, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = full_tp_weights(net)
     return out
 

@@ -136,6 +136,16 @@ def run_trainer(net: nn.Module, strategy, batch_size: int, eval_batch: int, epoc
                "predict": t.predict(test, batch_size=eval_batch, stack_outputs=True)}
 
 
+def more_predictions(t, batch: int, out_dir) -> dict:
+    """predict of the inputs alone (no labels) and streamed to ``out_dir`` (merged .npy, dataset order)."""
+    import numpy as np
+
+    x = dataset(N_EVAL, 2).tensors[0]
+    paths = t.predict(dataset(N_EVAL, 2), batch_size=batch, output_dir=out_dir)
+    return {"predict_x": t.predict((x,), batch_size=batch, stack_outputs=True),
+            "predict_file": torch.from_numpy(np.load(paths[0]))}
+
+
 def compare(got: dict, ref: dict) -> list[str]:
     """What differs by more than TOL between two runs' results (empty when they agree)."""
     bad = []
@@ -148,8 +158,9 @@ def compare(got: dict, ref: dict) -> list[str]:
     for key, v in ref["evaluate"].items():
         if abs(got["evaluate"].get(key, float("nan")) - v) > TOL:
             bad.append(f"evaluate[{key}]: {got['evaluate'].get(key)} vs {v}")
-    if got["predict"].shape != ref["predict"].shape or (got["predict"] - ref["predict"]).abs().max() > TOL:
-        bad.append(f"predict: shapes {tuple(got['predict'].shape)} / {tuple(ref['predict'].shape)}")
+    for key in ("predict", "predict_x", "predict_file"):
+        if key in got and (got[key].shape != ref["predict"].shape or (got[key] - ref["predict"]).abs().max() > TOL):
+            bad.append(f"{key}: shapes {tuple(got[key].shape)} / {tuple(ref['predict'].shape)}")
     for key, w in ref["weights"].items():
         if key not in got["weights"] or (got["weights"][key] - w).abs().max() > TOL:
             bad.append(f"weight {key}")

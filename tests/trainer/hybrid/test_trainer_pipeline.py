@@ -12,10 +12,11 @@ from hybrid_models import (
     compare,
     dataset,
     init_fleet,
+    more_predictions,
     pipeline_descs,
+    pipeline_stage,
     reference_net,
     run_trainer,
-    pipeline_stage,
 )
 from torch import nn
 
@@ -55,13 +56,14 @@ def _errors(t) -> dict:
     return out
 
 
-def _pp(rank, world, degrees):
+def _pp(rank, world, degrees, out_dir):
     torch.set_num_threads(1)
     strategy = init_fleet(degrees, PIPE)
     stage = pipeline_stage(loss_fn=None)  # the Trainer's loss becomes the pipeline's
     t, out = run_trainer(stage, strategy, ROWS, ROWS, clip=CLIP, loss=nn.CrossEntropyLoss())
     out["evaluate_small"] = t.evaluate(dataset(N_EVAL, 2), batch_size=3, verbose=0)  # every batch padded
     out["weights"] = all_stage_weights(stage)
+    out.update(more_predictions(t, ROWS, out_dir))  # the loss-free schedule (no labels): after every fit
     out["errors"] = _errors(t)
     out["stage_params"] = sum(p.numel() for p in stage.parameters())
     return out
@@ -82,15 +84,16 @@ def _check(results, ref):
 
 
 @pytest.mark.timeout(300)
-def test_pp2_trainer_equals_one_process():
+def test_pp2_trainer_equals_one_process(tmp_path):
     ref = _reference(ROWS)
-    _check(run_ranks(_pp, 2, args=({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2},), timeout=240), ref)
+    _check(run_ranks(_pp, 2, args=({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}, str(tmp_path)), timeout=240), ref)
 
 
 @pytest.mark.timeout(400)
-def test_dp2_pp2_trainer_equals_one_process_with_the_global_batch():
+def test_dp2_pp2_trainer_equals_one_process_with_the_global_batch(tmp_path):
     ref = _reference(2 * ROWS)
-    _check(run_ranks(_pp, 4, args=({"dp_degree": 2, "mp_degree": 1, "pp_degree": 2},), timeout=300), ref)
+    _check(run_ranks(_pp, 4, args=({"dp_degree": 2, "mp_degree": 1, "pp_degree": 2}, str(tmp_path)), timeout=300),
+           ref)
 
 
 def test_pipeline_layer_without_pipeline_degree_fails_before_training():

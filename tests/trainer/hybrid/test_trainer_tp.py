@@ -5,7 +5,17 @@ clip and the per-tensor clip of a slice (the full tensor's norm)."""
 
 import pytest
 import torch
-from hybrid_models import N_EVAL, compare, dataset, full_tp_weights, init_fleet, reference_net, run_trainer, tp_net
+from hybrid_models import (
+    N_EVAL,
+    compare,
+    dataset,
+    full_tp_weights,
+    init_fleet,
+    more_predictions,
+    reference_net,
+    run_trainer,
+    tp_net,
+)
 
 import fleetlite
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -23,28 +33,31 @@ def _reference(clip, global_batch):
     return out
 
 
-def _tp(rank, world, degrees, clip):
+def _tp(rank, world, degrees, clip, out_dir):
     torch.set_num_threads(1)
     strategy = init_fleet(degrees)
     net = tp_net()
-    _, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
+    t, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = full_tp_weights(net)
+    out.update(more_predictions(t, EVAL_BATCH, out_dir))
     return out
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("clip", ["global", "each"])
-def test_mp2_trainer_equals_one_process(clip):
+def test_mp2_trainer_equals_one_process(clip, tmp_path):
     ref = _reference(clip, BATCH)
-    for r in run_ranks(_tp, 2, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}, clip), timeout=240):
+    for r in run_ranks(_tp, 2, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}, clip, str(tmp_path)),
+                       timeout=240):
         assert not compare(r, ref), compare(r, ref)
         assert r["predict"].shape[0] == N_EVAL
 
 
 @pytest.mark.timeout(400)
-def test_dp2_mp2_trainer_equals_one_process_with_the_global_batch():
+def test_dp2_mp2_trainer_equals_one_process_with_the_global_batch(tmp_path):
     ref = _reference("global", 2 * BATCH)
-    for r in run_ranks(_tp, 4, args=({"dp_degree": 2, "mp_degree": 2, "pp_degree": 1}, "global"), timeout=300):
+    for r in run_ranks(_tp, 4, args=({"dp_degree": 2, "mp_degree": 2, "pp_degree": 1}, "global", str(tmp_path)),
+                       timeout=300):
         assert not compare(r, ref), compare(r, ref)
 
 

@@ -82,7 +82,7 @@ def tp_net() -> TPNet:
     return net
 
 
-def full_tp_weights(net: nn.Module) -> dict[str, torch.Tensor]:
+def full_tp_weights(net: nn.Module, rename: bool = True) -> dict[str, torch.Tensor]:
     """The full weights under the reference's names: slices gathered over the tensor-parallel group."""
     hcg = fleet.get_hybrid_communicate_group()
     group, size = hcg.get_model_parallel_group(), hcg.get_model_parallel_world_size()
@@ -93,30 +93,39 @@ def full_tp_weights(net: nn.Module) -> dict[str, torch.Tensor]:
             parts = [torch.empty_like(t) for _ in range(size)]
             td.all_gather(parts, t, group=group)
             t = torch.cat(parts, dim=p.split_axis)
-        out[_ref_name(name)] = t.clone()
+        out[_ref_name(name) if rename else name] = t.clone()
     return out
 
 
-def pipeline_descs():
+def pipeline_descs(tp: bool = False):
+    """The reference's layers as a pipeline description; ``tp``: the first two tensor-parallel (mp x pp)."""
+    if tp:
+        return [LayerDesc(ColumnParallelLinear, 6, 16, has_bias=True, gather_output=False), nn.Tanh(),
+                LayerDesc(RowParallelLinear, 16, 16, input_is_parallel=True), nn.Tanh(), LayerDesc(nn.Linear, 16, 3)]
     return [LayerDesc(nn.Linear, 6, 16), nn.Tanh(), LayerDesc(nn.Linear, 16, 16), nn.Tanh(),
             LayerDesc(nn.Linear, 16, 3)]
 
 
-def pipeline_stage(loss_fn: nn.Module | None) -> PipelineLayer:
-    """This rank's stage (after fleet.init with pp), holding the reference's weights of its layers."""
+def pipeline_stage(loss_fn: nn.Module | None, tp: bool = False) -> PipelineLayer:
+    """This rank's stage (after fleet.init with pp), holding the reference's weights of its layers (sliced)."""
     hcg = fleet.get_hybrid_communicate_group()
-    stage = PipelineLayer(pipeline_descs(), loss_fn=loss_fn, topology=hcg.topology())
-    ref = reference_net().state_dict()
+    stage = PipelineLayer(pipeline_descs(tp), loss_fn=loss_fn, topology=hcg.topology())
+    ref = dict(reference_net().named_parameters())
     with torch.no_grad():
-        for name, t in stage.state_dict().items():
-            t.copy_(ref[name])
+        for name, p in stage.named_parameters():
+            full = ref[name]
+            if is_split(p):
+                full = full.chunk(hcg.get_model_parallel_world_size(), dim=p.split_axis)[
+                    hcg.get_model_parallel_rank()]
+            p.copy_(full)
     return stage
 
 
 def all_stage_weights(stage: nn.Module) -> dict[str, torch.Tensor]:
-    """Every stage's weights (keys are global layer indices), gathered over the pipe group."""
+    """Every stage's full weights (keys are global layer indices): slices gathered over the tensor-parallel
+    group, then the stages' over the pipe group."""
     hcg = fleet.get_hybrid_communicate_group()
-    mine = {k: v.detach().clone() for k, v in stage.state_dict().items()}
+    mine = full_tp_weights(stage, rename=False)
     parts = [None] * hcg.get_pipe_parallel_world_size()
     td.all_gather_object(parts, mine, group=hcg.get_pipe_parallel_group())
     return {k: v for p in parts for k, v in p.items()}

@@ -59,7 +59,7 @@ def _errors(t) -> dict:
 def _pp(rank, world, degrees, out_dir):
     torch.set_num_threads(1)
     strategy = init_fleet(degrees, PIPE)
-    stage = pipeline_stage(loss_fn=None)  # the Trainer's loss becomes the pipeline's
+    stage = pipeline_stage(loss_fn=None, tp=degrees["mp_degree"] > 1)  # the Trainer's loss becomes the pipeline's
     t, out = run_trainer(stage, strategy, ROWS, ROWS, clip=CLIP, loss=nn.CrossEntropyLoss())
     out["evaluate_small"] = t.evaluate(dataset(N_EVAL, 2), batch_size=3, verbose=0)  # every batch padded
     out["weights"] = all_stage_weights(stage)
@@ -93,6 +93,13 @@ def test_pp2_trainer_equals_one_process(tmp_path):
 def test_dp2_pp2_trainer_equals_one_process_with_the_global_batch(tmp_path):
     ref = _reference(2 * ROWS)
     _check(run_ranks(_pp, 4, args=({"dp_degree": 2, "mp_degree": 1, "pp_degree": 2}, str(tmp_path)), timeout=300),
+           ref)
+
+
+@pytest.mark.timeout(400)
+def test_mp2_pp2_trainer_equals_one_process(tmp_path):
+    ref = _reference(ROWS)
+    _check(run_ranks(_pp, 4, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2}, str(tmp_path)), timeout=300),
            ref)
 
 

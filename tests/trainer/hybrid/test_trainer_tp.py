@@ -71,7 +71,7 @@ def _hapi(rank=0, world=1):
         fleet_impl._reset()
         net = reference_net()
     model = fleetlite.Model(net)
-    opt = torch.optim.Adam(net.parameters(), 1e-2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)  # (Adam would hide a wrong clip)
     opt._grad_clip = fleetlite.trainer.clipping.ClipGradByGlobalNorm(0.05)  # Paddle's grad_clip on the optimizer
     model.prepare(opt, torch.nn.CrossEntropyLoss(), fleetlite.metric.Accuracy())
     model.fit(dataset(48, 1), dataset(N_EVAL, 2), 8, 2, verbose=0)

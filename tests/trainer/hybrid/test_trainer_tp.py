@@ -16,9 +16,12 @@ from hybrid_models import (
     run_trainer,
     tp_net,
 )
+from torch.utils.data import DataLoader
 
 import fleetlite
+from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
+from fleetlite.io import DistributedBatchSampler
 from fleetlite.testing import run_ranks
 
 BATCH, EVAL_BATCH = 8, 8
@@ -40,6 +43,23 @@ def _tp(rank, world, degrees, clip, out_dir):
     t, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = full_tp_weights(net)
     out.update(more_predictions(t, EVAL_BATCH, out_dir))
+    out["loader_errors"] = _loaders(t)
+    return out
+
+
+def _loaders(t):
+    """A DataLoader split over the data-parallel group evaluates as the Trainer's own split; one split over the
+    world (Paddle's default) is refused with one line."""
+    hcg = fleet.get_hybrid_communicate_group()
+    ds = dataset(N_EVAL, 2)
+    dp = DistributedBatchSampler(ds, EVAL_BATCH, num_replicas=hcg.get_data_parallel_world_size(),
+                                 rank=hcg.get_data_parallel_rank())
+    out = {"dp_split": t.evaluate(DataLoader(ds, batch_sampler=dp), verbose=0)}
+    try:
+        t.evaluate(DataLoader(ds, batch_sampler=DistributedBatchSampler(ds, EVAL_BATCH)), verbose=0)
+        out["world_split"] = None
+    except ValueError as e:
+        out["world_split"] = str(e)
     return out
 
 
@@ -51,6 +71,13 @@ def test_mp2_trainer_equals_one_process(clip, tmp_path):
                        timeout=240):
         assert not compare(r, ref), compare(r, ref)
         assert r["predict"].shape[0] == N_EVAL
+        _check_loaders(r, ref)
+
+
+def _check_loaders(r, ref):
+    for key, v in ref["evaluate"].items():
+        assert abs(r["loader_errors"]["dp_split"][key] - v) <= 1e-5, key
+    assert "split over the data-parallel group" in r["loader_errors"]["world_split"]
 
 
 @pytest.mark.timeout(400)
@@ -59,6 +86,7 @@ def test_dp2_mp2_trainer_equals_one_process_with_the_global_batch(tmp_path):
     for r in run_ranks(_tp, 4, args=({"dp_degree": 2, "mp_degree": 2, "pp_degree": 1}, "global", str(tmp_path)),
                        timeout=300):
         assert not compare(r, ref), compare(r, ref)
+        _check_loaders(r, ref)
 
 
 def _hapi(rank=0, world=1):

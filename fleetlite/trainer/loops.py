@@ -57,7 +57,12 @@ def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
 def pass_logs(trainer, extra: torch.Tensor, sharded: bool, with_loss: bool) -> dict[str, Any]:
     """The logs of a pass: ``extra`` (``[loss_sum, count]``) and the metric states summed over the data group
     when ``sharded``; on a pipeline computed by the last stage and sent to the others (the other stages hold
-    no outputs), so every rank returns the same dict."""
+    no outputs), so every rank returns the same dict.
+
+    Example::
+
+        logs = pass_logs(trainer, torch.tensor([12.5, 25.0], dtype=torch.float64), sharded=True, with_loss=True)
+    """
     pipe = trainer.pipeline
     logs: dict[str, Any] = {}
     if pipe is None or pipe.last:

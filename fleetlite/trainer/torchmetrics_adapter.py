@@ -68,6 +68,9 @@ class TorchMetric(Metric):
 
     def accumulate(self) -> float | list[float]:
         self.metric.sync_on_compute = self._sync
+        # compute() reads _to_sync, which torchmetrics copies from sync_on_compute only at construction: without
+        # this, every rank's states were gathered even when each rank holds the whole data (counts doubled)
+        self.metric._to_sync = self._sync
         self.metric.process_group = self._group  # tensor-parallel / pipeline replicas are not gathered twice
         self.metric._computed = None  # the sync choice may have changed since the last compute
         value = self.metric.compute()

@@ -155,6 +155,15 @@ def more_predictions(t, batch: int, out_dir) -> dict:
             "predict_file": torch.from_numpy(np.load(paths[0]))}
 
 
+def stat_scores(t) -> list[int]:
+    """A torchmetrics metric of counts (tp, fp, tn, fn, support): gathered over more ranks than the data group,
+    every count would be doubled."""
+    import torchmetrics
+
+    t.compile(metrics=torchmetrics.classification.MulticlassStatScores(num_classes=3, average="micro"))
+    return t.evaluate(dataset(N_EVAL, 2), batch_size=8, verbose=0)["multiclassstatscores"]
+
+
 def compare(got: dict, ref: dict) -> list[str]:
     """What differs by more than TOL between two runs' results (empty when they agree)."""
     bad = []
@@ -167,6 +176,8 @@ def compare(got: dict, ref: dict) -> list[str]:
     for key, v in ref["evaluate"].items():
         if abs(got["evaluate"].get(key, float("nan")) - v) > TOL:
             bad.append(f"evaluate[{key}]: {got['evaluate'].get(key)} vs {v}")
+    if "stat_scores" in ref and got.get("stat_scores") != ref["stat_scores"]:
+        bad.append(f"torchmetrics counts {got.get('stat_scores')} vs {ref['stat_scores']}")
     for key in ("predict", "predict_x", "predict_file"):
         if key in got and (got[key].shape != ref["predict"].shape or (got[key] - ref["predict"]).abs().max() > TOL):
             bad.append(f"{key}: shapes {tuple(got[key].shape)} / {tuple(ref['predict'].shape)}")

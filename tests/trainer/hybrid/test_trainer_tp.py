@@ -14,6 +14,7 @@ from hybrid_models import (
     more_predictions,
     reference_net,
     run_trainer,
+    stat_scores,
     tp_net,
 )
 from torch.utils.data import DataLoader
@@ -31,8 +32,9 @@ CLIPS = {"global": {"global_clipnorm": 0.05}, "each": {"clipnorm": 0.05}}
 def _reference(clip, global_batch):
     fleet_impl._reset()
     net = reference_net()
-    _, out = run_trainer(net, None, global_batch, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
+    t, out = run_trainer(net, None, global_batch, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
+    out["stat_scores"] = stat_scores(t)
     return out
 
 
@@ -44,6 +46,7 @@ def _tp(rank, world, degrees, clip, out_dir):
     out["weights"] = full_tp_weights(net)
     out.update(more_predictions(t, EVAL_BATCH, out_dir))
     out["loader_errors"] = _loaders(t)
+    out["stat_scores"] = stat_scores(t)
     return out
 
 

@@ -22,6 +22,7 @@ from fleetlite.distributed.fleet.meta_parallel import (
     is_split,
 )
 from fleetlite.metric import Accuracy
+from fleetlite.trainer.callbacks import LRScheduler
 
 N_TRAIN, N_EVAL = 48, 37  # 37: the last evaluation batches are short and padded across ranks
 TOL = 1e-5
@@ -140,7 +141,9 @@ def run_trainer(net: nn.Module, strategy, batch_size: int, eval_batch: int, epoc
     if clip is not None:
         t.compile(**clip)
     train, test = dataset(N_TRAIN, 1), dataset(N_EVAL, 2)
-    history = t.fit(train, eval_data=test, epochs=epochs, batch_size=batch_size, shuffle=True, seed=3, verbose=0)
+    sched = LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 2, 0.5), by_step=True)  # the Trainer's own rules
+    history = t.fit(train, eval_data=test, epochs=epochs, batch_size=batch_size, shuffle=True, seed=3, verbose=0,
+                    callbacks=[sched])
     return t, {"history": history.history, "evaluate": t.evaluate(test, batch_size=eval_batch, verbose=0),
                "predict": t.predict(test, batch_size=eval_batch, stack_outputs=True)}
 

@@ -136,6 +136,7 @@ class PipelineSteps:
     # -- checks, before any step ---------------------------------------------------------------------------------
     def check_fit(self, train: DataAdapter, accumulate: int, weighted: bool) -> None:
         """Refuse what a pipeline cannot train, before the first step (one line each)."""
+        self._adopt_loss()  # (compile may have changed the loss since setup)
         if accumulate > 1:
             raise ValueError(f"accumulate_grad_batches / gradient_merge k_steps = {accumulate} with a pipeline model: "
                              "the pipeline already accumulates its micro-batches; set "

@@ -21,6 +21,7 @@ import torch
 
 from ..distributed import collective
 from ..distributed.faults import peer_failures
+from ..distributed.fleet import get_hybrid_communicate_group
 from ..distributed.fleet.data_group import data_group
 from ..io.evaluation import trim_batch
 from .data_adapter import DataAdapter, batch_length
@@ -163,11 +164,7 @@ def _holds_outputs(trainer) -> bool:
     rank of a tensor-parallel group (the others hold the same outputs)."""
     if trainer.pipeline is not None and not trainer.pipeline.last:
         return False
-    if not data_group().hybrid:
-        return True
-    from ..distributed.fleet import get_hybrid_communicate_group
-
-    return get_hybrid_communicate_group().get_model_parallel_rank() == 0
+    return not data_group().hybrid or get_hybrid_communicate_group().get_model_parallel_rank() == 0
 
 
 def _cpu(x: Any) -> Any:

@@ -39,7 +39,8 @@ from ..distributed.fleet.data_group import data_group
 from ..distributed.fleet.meta_parallel import is_split
 from ..distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid
 
-__all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients"]
+__all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients",
+           "check_hybrid_clipping"]
 
 
 class ClipGradBase:
@@ -149,20 +150,37 @@ def _clip_hybrid(clip: Any, params: list[nn.Parameter], hcg: Any) -> None:
         clip_grad_norm_hybrid(params, clip.clip_norm, hcg)
     elif isinstance(clip, ClipGradByNorm):
         _clip_each_hybrid(params, clip.clip_norm, hcg)
-    elif isinstance(clip, ClipGradByValue):
-        clip(params)
     else:
-        raise ValueError(f"gradient clipper {type(clip).__name__} under tensor/pipeline parallelism: a rank holds "
-                         "slices or one stage, so its norm is not the model's; use ClipGradByGlobalNorm / "
-                         "global_clipnorm, ClipGradByNorm / clipnorm or ClipGradByValue / clipvalue")
+        clip(params)
+
+
+def _own_clip(optimizer: Any) -> Any:
+    """Paddle's ``optimizer._grad_clip`` when the DistributedOptimizer clips it across the mesh itself."""
+    if getattr(optimizer, "hybrid_clip", None) is None:
+        return None
+    return getattr(getattr(optimizer, "user_opt", None), "_grad_clip", None)
+
+
+def check_hybrid_clipping(optimizer: Any, clippers: list[Any]) -> None:
+    """Before training under tensor/pipeline parallelism: a clipper other than Paddle's three classes (Keras'
+    numbers) cannot know the whole model's norm (Note [hybrid clipping]); one line saying so."""
+    if not data_group().hybrid:
+        return
+    own = _own_clip(optimizer)
+    for clip in clippers:
+        if clip is not own and not isinstance(clip, (ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue)):
+            raise ValueError(f"gradient clipper {type(clip).__name__} under tensor/pipeline parallelism: a rank holds "
+                             "slices or one stage, so a norm it computes is not the model's; use "
+                             "ClipGradByGlobalNorm / global_clipnorm, ClipGradByNorm / clipnorm or ClipGradByValue / "
+                             "clipvalue")
 
 
 def clip_gradients(optimizer: Any, network: nn.Module, clippers: list[Any]) -> None:
     """Apply ``clippers`` to ``network``'s gradients at an optimizer step (Notes [clip order], [hybrid clipping])."""
     hybrid = data_group().hybrid
-    if hybrid and getattr(optimizer, "hybrid_clip", None) is not None:  # the optimizer clips _grad_clip itself
-        own = getattr(getattr(optimizer, "user_opt", None), "_grad_clip", None)
-        clippers = [c for c in clippers if c is not own]
+    if hybrid:  # the DistributedOptimizer clips Paddle's optimizer._grad_clip itself: not twice
+        own = _own_clip(optimizer)
+        clippers = [c for c in clippers if own is None or c is not own]
     if not clippers:
         return
     amp = getattr(optimizer, "amp", None)

@@ -47,6 +47,13 @@ def _tp(rank, world, degrees, clip, out_dir):
     out.update(more_predictions(t, EVAL_BATCH, out_dir))
     out["loader_errors"] = _loaders(t)
     out["stat_scores"] = stat_scores(t)
+    step = t.global_step
+    t.compile(grad_clip=lambda params: torch.nn.utils.clip_grad_norm_(list(params), 1.0))  # a rank-local norm
+    try:
+        t.fit(dataset(16, 1), batch_size=BATCH, verbose=0)
+        out["custom_clip"] = None
+    except ValueError as e:
+        out["custom_clip"] = (str(e), t.global_step == step)
     return out
 
 
@@ -78,6 +85,7 @@ def test_mp2_trainer_equals_one_process(clip, tmp_path):
 
 
 def _check_loaders(r, ref):
+    assert r["custom_clip"] and "is not the model's" in r["custom_clip"][0] and r["custom_clip"][1]
     for key, v in ref["evaluate"].items():
         assert abs(r["loader_errors"]["dp_split"][key] - v) <= 1e-5, key
     assert "split over the data-parallel group" in r["loader_errors"]["world_split"]

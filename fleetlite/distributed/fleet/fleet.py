@@ -360,7 +360,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
     params = [p for g in optimizer.param_groups for p in g["params"]]
     device = params[0].device if params else ParallelEnv().device
     amp = AmpHelper.from_strategy(current, device)
-    dist_opt = DistributedOptimizer(optimizer, current, amp=amp)
+    dist_opt = DistributedOptimizer(optimizer, current, amp=amp, group=_hybrid_sharding_group(current))
     ids = {id(p) for p in params}
     for model in list(_state.models):
         replaced = getattr(model, "replaces", lambda _: False)  # sharding stage 2/3 swapped the parameters
@@ -368,6 +368,15 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
             dist_opt.attach_model(model)
     _state.optimizers.add(dist_opt)
     return dist_opt
+
+
+def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
+    """Stage 1 next to mp/pp: the hcg's sharding group holds the optimizer state (Note [sharding with mp and pp])."""
+    hcg = _state.hcg
+    if strategy.sharding_stage != 1 or hcg is None or (hcg.get_model_parallel_world_size() == 1
+                                                        and hcg.get_pipe_parallel_world_size() == 1):
+        return None
+    return hcg.get_sharding_parallel_group()
 
 
 def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:

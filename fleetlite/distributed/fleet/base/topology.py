@@ -11,6 +11,17 @@ also how torch lays out a ``DeviceMesh``: the mesh dimension named ``"mp"``
 holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
 *are* the mesh's groups (created once, in the same order on every rank).
 
+# Note [sharding with mp and pp]
+With ``sharding_degree`` > 1 next to mp/pp (sharding stage 1), the sharding axis splits the data as dp does:
+the ranks of one dp × sharding group hold the same parameters (the same mp slices of the same pipeline
+stage) and read different data, so gradients are averaged over dp × sharding (the data-parallel engine
+under mp, ``PipelineParallel._reduce_gradients`` under pp), and each rank of the sharding group keeps the
+optimizer state of its part of the parameters (``ZeroRedundancyOptimizer`` over the sharding group; the
+updated parameters are broadcast inside it after the step). Every sharding rank then holds full, equal
+gradients, so one copy of the model is mp × pp × sep of one dp *and* sharding coordinate: the global norm
+adds the slices over that group (``_get_replica_group``), not over Paddle's check group, which spans the
+sharding axis too (Paddle's stage 1 keeps only the owner's gradients).
+
 Example::
 
     from fleetlite.distributed.fleet import CommunicateTopology
@@ -207,6 +218,7 @@ class HybridCommunicateGroup:
             self._check_group = self._new_groups_along("data", check)
         else:
             self._check_group = None
+        self._sharding_groups(initialized)
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self._pp_degree - 1
         if self._pp_degree > 1:
@@ -217,12 +229,57 @@ class HybridCommunicateGroup:
         global _HYBRID_PARALLEL_GROUP
         _HYBRID_PARALLEL_GROUP = self
 
-    def _new_groups_along(self, axis: str, mine: list[int]) -> Any:
+    def _sharding_groups(self, initialized: bool) -> None:
+        """The groups sharding adds (Note [sharding with mp and pp]); created only when sharding_degree > 1.
+
+        ``_data_sharding_group``: dp × sharding, the ranks that hold the same parameters and see different
+        data; ``_replica_group``: mp × pp × sep, the ranks that together hold one copy of the model;
+        ``_sharding_check_group``: the ranks with this rank's sharding coordinate (Paddle's
+        ``sharding_check_group``). Without sharding they are the dp group, the check group and the world.
+        """
+        names = self._topo.get_hybrid_group_names()
+        self._data_sharding_group, self._replica_group = self._group("data"), self._check_group
+        self._sharding_check_group = tdist.group.WORLD if initialized else None
+        self._lists["data_sharding"] = self._topo.get_fused_ranks([n for n in ("data", "sharding") if n in names]) \
+            if {"data", "sharding"} & set(names) else [[self.global_rank]]
+        self._lists["data_sharding"] = next(g for g in self._lists["data_sharding"] if self.global_rank in g)
+        if self._sharding_degree == 1 or not initialized:
+            return
+        self._data_sharding_group = self._group("sharding") if self._dp_degree == 1 else \
+            self.create_fuse_group(["data", "sharding"])[1]
+        others = [n for n in names if n not in ("data", "sharding")]
+        self._replica_group = self.create_fuse_group(others)[1] if others else None
+        self._sharding_check_group = self._new_groups_along("sharding", self._topo.get_axis_list(
+            "sharding", self._sharding_parallel_id), self._sharding_degree)
+
+    def create_fuse_group(self, fused_strategy_list: list[str]) -> tuple[list[int], Any]:
+        """Paddle's ``create_fuse_group``: one process group per position on the other axes, spanning the axes
+        in ``fused_strategy_list`` (Paddle's names, e.g. ``["data", "sep"]``); returns ``(ranks, group)`` of
+        this rank's. Collective: every rank calls it with the same list (each call creates new groups).
+
+        Example::
+
+            ranks, group = hcg.create_fuse_group(["pipe", "model"])   # the mp × pp ranks of this replica
+        """
+        if not fused_strategy_list:
+            raise ValueError("create_fuse_group needs at least one axis name (e.g. ['data', 'sep'])")
+        for n in fused_strategy_list:
+            self._topo._axis(n)  # an unknown name fails with the topology's axes
+        mine: tuple[list[int], Any] | None = None
+        for ranks in sorted(self._topo.get_fused_ranks(list(fused_strategy_list))):
+            group = tdist.new_group(ranks=ranks) if tdist.is_initialized() else None
+            if self.global_rank in ranks:
+                mine = (ranks, group)
+        assert mine is not None
+        return mine
+
+    def _new_groups_along(self, axis: str, mine: list[int], degree: int | None = None) -> Any:
         """One group per position on ``axis`` (all created on every rank, in order); this rank's one."""
-        if "data" not in self._topo.get_hybrid_group_names() or self._dp_degree == 1:
+        degree = self._dp_degree if degree is None else degree
+        if axis not in self._topo.get_hybrid_group_names() or degree == 1:
             return tdist.group.WORLD
         out = None
-        for idx in range(self._dp_degree):
+        for idx in range(degree):
             ranks = self._topo.get_axis_list(axis, idx)
             group = tdist.new_group(ranks=ranks)
             if ranks == mine:
@@ -315,6 +372,28 @@ class HybridCommunicateGroup:
     def get_sharding_parallel_group_src_rank(self) -> int:
         return self._lists["sharding"][0]
 
+    # data × sharding: the ranks that split the data (Note [sharding with mp and pp]); fleetlite's names
+    def get_data_sharding_parallel_rank(self) -> int:
+        """Which part of the data this rank reads: ``dp_rank * sharding_degree + sharding_rank`` (PaddleNLP's
+        ``dataset_rank``); the data-parallel rank without sharding.
+
+        Example::
+
+            part = hcg.get_data_sharding_parallel_rank()      # of hcg.get_data_sharding_parallel_world_size()
+        """
+        return self._data_parallel_id * self._sharding_degree + self._sharding_parallel_id
+
+    def get_data_sharding_parallel_world_size(self) -> int:
+        return self._dp_degree * self._sharding_degree
+
+    def get_data_sharding_parallel_group(self) -> Any:
+        """The dp × sharding ranks (same parameters, different data): gradients are averaged over it."""
+        return self._data_sharding_group
+
+    def _get_replica_group(self) -> Any:
+        """mp × pp × sep of this rank's dp and sharding coordinates: the ranks holding one copy of the model."""
+        return self._replica_group
+
     # sequence (segment) parallel
     def get_sep_parallel_rank(self) -> int:
         return self._sep_parallel_id
@@ -330,8 +409,9 @@ class HybridCommunicateGroup:
 
     # the group that sees every parameter once: global-norm clipping and the amp inf/nan check
     def get_check_parallel_group(self, sharding: bool = False) -> Any:
-        """All ranks of this data-parallel replica (mp × pp × sharding × sep): Paddle's check/clip group."""
-        return self._check_group
+        """All ranks of this data-parallel replica (mp × pp × sharding × sep): Paddle's check/clip group;
+        ``sharding=True``: the ranks with this rank's sharding coordinate (Paddle's sharding check group)."""
+        return self._sharding_check_group if sharding else self._check_group
 
     def __repr__(self) -> str:
         return (f"HybridCommunicateGroup(rank={self.global_rank}, dp={self._dp_degree}, pp={self._pp_degree}, "

@@ -113,7 +113,8 @@ class PipelineParallel(WrappedModel):
                 raise ValueError(f"this rank is stage {hcg.get_stage_id()} of {hcg.get_pipe_parallel_world_size()} in "
                                  f"the hybrid topology but stage {layers.get_stage_id()} of {layers.get_num_stages()} "
                                  "in the PipelineLayer; build it with PipelineLayer(..., topology=hcg.topology())")
-            dp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
+            # the ranks that hold this stage and read other data: dp × sharding (Note [sharding with mp and pp])
+            dp = hcg.get_data_sharding_parallel_group() if hcg.get_data_sharding_parallel_world_size() > 1 else None
             return hcg.get_pipe_parallel_group(), dp
         pipelines, rank = layers._layout.pipelines, td.get_rank()
         pp_group = dp_group = None
@@ -203,7 +204,8 @@ class PipelineParallel(WrappedModel):
 
     @torch.no_grad()
     def _reduce_gradients(self) -> None:
-        """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel."""
+        """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel
+        (dp × sharding: Note [sharding with mp and pp])."""
         self._layers.allreduce_shared_weight_gradients()
         if self.dp_group is None:
             return

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 from functools import reduce
 from itertools import product
 from typing import Any
@@ -221,13 +222,35 @@ class HybridCommunicateGroup:
         self._sharding_groups(initialized)
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self._pp_degree - 1
+        self._p2p_groups: tuple[Any, Any, Any, Any] | None = None
         if self._pp_degree > 1:
             pipe = self._lists["pipe"]
             idx = pipe.index(self.global_rank)
             self.next_rank, self.prev_rank = pipe[(idx + 1) % len(pipe)], pipe[(idx - 1) % len(pipe)]
+            # Paddle's switch for the four-direction p2p groups, read where Paddle reads it (topology.py)
+            if initialized and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
+                self._p2p_groups = self._four_directions_p2p_groups()
         logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, dim)
         global _HYBRID_PARALLEL_GROUP
         _HYBRID_PARALLEL_GROUP = self
+
+    def _four_directions_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
+        """Paddle's ``_set_four_directions_p2p_group``: a 2-rank group per neighbouring pair and direction."""
+        send_next = send_prev = recv_next = recv_prev = None
+        for ranks in self._topo.get_comm_list("pipe"):
+            for idx, curr in enumerate(ranks):
+                nxt, prev = ranks[(idx + 1) % len(ranks)], ranks[(idx - 1) % len(ranks)]
+                group = tdist.new_group(ranks=sorted({curr, nxt}))
+                if self.global_rank == curr:
+                    send_next = group
+                elif self.global_rank == nxt:
+                    recv_prev = group
+                group = tdist.new_group(ranks=sorted({prev, curr}))
+                if self.global_rank == curr:
+                    send_prev = group
+                elif self.global_rank == prev:
+                    recv_next = group
+        return send_next, send_prev, recv_next, recv_prev
 
     def _sharding_groups(self, initialized: bool) -> None:
         """The groups sharding adds (Note [sharding with mp and pp]); created only when sharding_degree > 1.
@@ -240,9 +263,6 @@ class HybridCommunicateGroup:
         names = self._topo.get_hybrid_group_names()
         self._data_sharding_group, self._replica_group = self._group("data"), self._check_group
         self._sharding_check_group = tdist.group.WORLD if initialized else None
-        self._lists["data_sharding"] = self._topo.get_fused_ranks([n for n in ("data", "sharding") if n in names]) \
-            if {"data", "sharding"} & set(names) else [[self.global_rank]]
-        self._lists["data_sharding"] = next(g for g in self._lists["data_sharding"] if self.global_rank in g)
         if self._sharding_degree == 1 or not initialized:
             return
         self._data_sharding_group = self._group("sharding") if self._dp_degree == 1 else \
@@ -354,10 +374,32 @@ class HybridCommunicateGroup:
         return self._topo.get_rank_from_stage(self.global_rank, pipe=stage_id, **kwargs)
 
     def _get_p2p_next_rank(self) -> int:
+        """The next stage's rank in this rank's pipeline (the first stage's after the last, as Paddle)."""
+        self._check_pipe("_get_p2p_next_rank")
         return self.next_rank
 
     def _get_p2p_prev_rank(self) -> int:
+        self._check_pipe("_get_p2p_prev_rank")
         return self.prev_rank
+
+    def _check_pipe(self, what: str) -> None:
+        if self._pp_degree == 1:
+            raise RuntimeError(f"hcg.{what}() needs a pipeline, but pp_degree is 1 (no next/previous stage); set "
+                               "hybrid_configs['pp_degree'] > 1")
+
+    def get_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
+        """Paddle's four-direction p2p groups ``(send_next, send_prev, recv_next, recv_prev)``: 2-rank groups
+        built at construction when ``PADDLE_USE_FOUR_DIRECTIONS_P2P=1`` is set and pp_degree > 1, as in Paddle.
+
+        Example::
+
+            send_next, send_prev, recv_next, recv_prev = hcg.get_p2p_groups()
+        """
+        if self._p2p_groups is None:
+            raise RuntimeError("hcg.get_p2p_groups() needs the four-direction p2p groups, built only with "
+                               "PADDLE_USE_FOUR_DIRECTIONS_P2P=1 in the environment and pp_degree > 1 (as in Paddle); "
+                               "set it before fleet.init, or send over hcg.get_pipe_parallel_group()")
+        return self._p2p_groups
 
     # sharding parallel
     def get_sharding_parallel_rank(self) -> int:
@@ -389,6 +431,22 @@ class HybridCommunicateGroup:
     def get_data_sharding_parallel_group(self) -> Any:
         """The dp × sharding ranks (same parameters, different data): gradients are averaged over it."""
         return self._data_sharding_group
+
+    # Paddle's fused groups of sep: built only with sep_degree > 1 there, which fleetlite does not run
+    def get_dp_sep_parallel_group(self) -> Any:
+        raise RuntimeError("hcg.get_dp_sep_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
+                           "fleetlite does not implement; for a dp x sep-like group call "
+                           "hcg.create_fuse_group(['data', 'sep'])[1] on every rank")
+
+    def get_pp_mp_parallel_group(self) -> Any:
+        raise RuntimeError("hcg.get_pp_mp_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
+                           "fleetlite does not implement; call hcg.create_fuse_group(['pipe', 'model'])[1] on every "
+                           "rank for the mp x pp group")
+
+    def _check_valid_topo(self) -> bool:
+        """Paddle's check: the degrees multiply to the world size."""
+        return (self._dp_degree * self._mp_degree * self._pp_degree * self._sharding_degree * self._sep_degree
+                == self.nranks)
 
     def _get_replica_group(self) -> Any:
         """mp × pp × sep of this rank's dp and sharding coordinates: the ranks holding one copy of the model."""

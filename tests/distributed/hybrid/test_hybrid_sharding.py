@@ -161,3 +161,35 @@ def test_hybrid_sharding_stage1_is_accepted():
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}
     strategy.check_supported(4)
     assert strategy.hybrid_degrees(4) == {"dp": 1, "pp": 1, "sharding": 2, "sep": 1, "mp": 2}
+
+
+def _merge(rank, world):
+    """mp2 × sharding2 with gradient merge (k=2): the engine over dp × sharding reduces the accumulated sum once
+    per window, the sharded optimizer steps on it."""
+    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, gradient_merge=True,
+                gradient_merge_configs={"k_steps": 2, "avg": True})
+    torch.manual_seed(0)
+    ref, model = RefModel(), TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    part = hcg.get_data_sharding_parallel_rank()
+    batches = data(4, BATCH * 2)
+    stepped = []
+    for ids, labels in batches:  # 4 micro-batches: 2 optimizer steps
+        rows = slice(part * BATCH, (part + 1) * BATCH)
+        opt.minimize(model(ids[rows], labels[rows]))
+        opt.clear_grad()
+        stepped.append(opt.stepped)
+    for i in (0, 2):
+        ((ref(*batches[i]) + ref(*batches[i + 1])) / 2).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return max_param_diff(model, ref, hcg), type(opt.inner_opt).__name__, stepped
+
+
+@pytest.mark.timeout(300)
+def test_mp2_sharding2_gradient_merge_on_four_ranks():
+    for diff, zero, stepped in run_ranks(_merge, world_size=4, timeout=290):
+        assert diff <= 1e-5 and zero == "ZeroRedundancyOptimizer" and stepped == [False, True, False, True], diff

@@ -131,7 +131,8 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     degrees = resolved.hybrid_degrees(_world_size())
     if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
         _state.hcg = None  # a new strategy with other degrees: a new topology
-    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1:
+    partial_stage1 = resolved.sharding_stage == 1 and 1 < degrees["sharding"] < _world_size()
+    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1 or partial_stage1:
         _build_hcg(resolved)  # collective: every rank calls init
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
@@ -425,10 +426,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
 
 
 def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
-    """Stage 1 next to mp/pp: the hcg's sharding group holds the optimizer state (Note [sharding with mp and pp])."""
+    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding): the hcg's sharding group holds
+    the optimizer state (Note [sharding with mp and pp]); None: every rank (plain stage 1)."""
     hcg = _state.hcg
-    if strategy.sharding_stage != 1 or hcg is None or (hcg.get_model_parallel_world_size() == 1
-                                                        and hcg.get_pipe_parallel_world_size() == 1):
+    if strategy.sharding_stage != 1 or hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
         return None
     return hcg.get_sharding_parallel_group()
 

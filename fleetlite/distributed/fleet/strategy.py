@@ -261,10 +261,13 @@ class DistributedStrategy:
             raise ValueError(f"sharding degree {sd} does not divide the {world_size} ranks: set "
                              f"sharding_configs['sharding_degree'] to a divisor of {world_size} (the ranks of one "
                              "node for hybrid sharding) or -1 for all ranks")
-        if stage == 1 and sd != world_size:
+        hsd = self._values["hybrid_configs"]["sharding_degree"]
+        if stage == 1 and sd != world_size and not sd == hsd > 1:
+            # (hybrid_configs' sharding axis runs stage 1 in groups: Note [sharding with mp and pp])
             raise NotImplementedError(
-                f"sharding degree {sd} with {world_size} ranks at stage 1: hybrid (partial) sharding runs on stages "
-                f"2/3 (FSDP2 on a 2-D DeviceMesh); use stage 2 or 3, or sharding_degree = {world_size} (all ranks)")
+                f"sharding degree {sd} with {world_size} ranks at stage 1 from sharding_configs: hybrid (partial) "
+                f"stage 1 runs over hybrid_configs' sharding axis; set hybrid_configs['sharding_degree'] = {sd} "
+                f"(dp_degree {world_size // sd}), or use stage 2 or 3 (FSDP2 on a 2-D DeviceMesh)")
         if stage == 1 and (cfg["offload"] or cfg["wrap"]):
             raise NotImplementedError(
                 "sharding_configs offload/wrap apply to stages 2 and 3 (FSDP2); stage 1 "

@@ -147,6 +147,8 @@ def test_pp2_sharding2_stage1_trains_like_a_single_process_on_four_ranks():
     ({"sharding": True, "sharding_configs": {"offload": True}}, {"mp_degree": 2, "sharding_degree": 2},
      NotImplementedError, "offload/wrap apply to stages 2 and 3"),
     ({}, {"mp_degree": 2, "sharding_degree": 2, "dp_degree": 2}, ValueError, "dp_degree'] = 2 does not fit 4 ranks"),
+    ({"sharding": True, "sharding_configs": {"sharding_degree": 2}}, {},  # partial stage 1 only on the hcg's axis
+     NotImplementedError, "set hybrid_configs['sharding_degree'] = 2 (dp_degree 2)"),
 ])
 def test_hybrid_sharding_that_does_not_run_fails_with_one_line(fields, hybrid, error, match):
     strategy = fleet.DistributedStrategy(**fields)
@@ -161,6 +163,9 @@ def test_hybrid_sharding_stage1_is_accepted():
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}
     strategy.check_supported(4)
     assert strategy.hybrid_degrees(4) == {"dp": 1, "pp": 1, "sharding": 2, "sep": 1, "mp": 2}
+    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 1, "sharding_degree": 2}
+    strategy.check_supported(4)
+    assert strategy.sharding_stage == 1 and strategy.sharding_degree(4) == 2
 
 
 def _merge(rank, world):
@@ -193,3 +198,39 @@ def _merge(rank, world):
 def test_mp2_sharding2_gradient_merge_on_four_ranks():
     for diff, zero, stepped in run_ranks(_merge, world_size=4, timeout=290):
         assert diff <= 1e-5 and zero == "ZeroRedundancyOptimizer" and stepped == [False, True, False, True], diff
+
+
+def _dp_sharding(rank, world):
+    """Paddle's ``{"dp_degree": 2, "sharding_degree": 2}``: stage 1 in sharding groups of 2, replicated over dp."""
+    hcg = _init({"dp_degree": 2, "sharding_degree": 2})
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    net.load_state_dict(ref.state_dict())
+    model = fleet.distributed_model(net)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
+    g = torch.Generator().manual_seed(3)
+    for _ in range(STEPS):
+        x, y = torch.randn(BATCH * parts, 6, generator=g), torch.randint(0, 3, (BATCH * parts,), generator=g)
+        rows = slice(part * BATCH, (part + 1) * BATCH)
+        torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.clear_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    diff = max((a - b).abs().max().item() for a, b in zip(net.parameters(), ref.parameters()))
+    return dict(param=diff, split=_state_split(opt, 4, hcg), sharding=tdist.get_process_group_ranks(
+        opt.inner_opt.process_group), part=(part, parts))
+
+
+@pytest.mark.timeout(300)
+def test_dp2_sharding2_stage1_in_groups_on_four_ranks():
+    for rank, r in enumerate(run_ranks(_dp_sharding, world_size=4, timeout=290)):
+        assert r["param"] <= 1e-5, r
+        counts, consolidated, n = r["split"]
+        assert sum(counts) == n and all(0 < c < n for c in counts), counts
+        assert consolidated in (None, n) and (consolidated == n) == (rank % 2 == 0)  # each group's first rank
+        assert r["sharding"] == [rank // 2 * 2, rank // 2 * 2 + 1] and r["part"] == (rank, 4)

@@ -12,15 +12,16 @@ holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
 *are* the mesh's groups (created once, in the same order on every rank).
 
 # Note [sharding with mp and pp]
-With ``sharding_degree`` > 1 next to mp/pp (sharding stage 1), the sharding axis splits the data as dp does:
-the ranks of one dp × sharding group hold the same parameters (the same mp slices of the same pipeline
-stage) and read different data, so gradients are averaged over dp × sharding (the data-parallel engine
-under mp, ``PipelineParallel._reduce_gradients`` under pp), and each rank of the sharding group keeps the
-optimizer state of its part of the parameters (``ZeroRedundancyOptimizer`` over the sharding group; the
-updated parameters are broadcast inside it after the step). Every sharding rank then holds full, equal
-gradients, so one copy of the model is mp × pp × sep of one dp *and* sharding coordinate: the global norm
-adds the slices over that group (``_get_replica_group``), not over Paddle's check group, which spans the
-sharding axis too (Paddle's stage 1 keeps only the owner's gradients).
+With ``sharding_degree`` > 1 (sharding stage 1) next to mp/pp, or next to dp alone, the sharding axis
+splits the data as dp does: the ranks of one dp × sharding group hold the same parameters (the same mp
+slices of the same pipeline stage) and read different data, so gradients are averaged over dp × sharding
+(the data-parallel engine: over that group under mp, over all ranks without mp/pp;
+``PipelineParallel._reduce_gradients`` under pp), and each rank of the sharding group keeps the optimizer
+state of its part of the parameters (``ZeroRedundancyOptimizer`` over the sharding group; the updated
+parameters are broadcast inside it after the step). Every sharding rank then holds full, equal gradients,
+so one copy of the model is mp × pp × sep of one dp *and* sharding coordinate: the global norm adds the
+slices over that group (``_get_replica_group``), not over Paddle's check group, which spans the sharding
+axis too (Paddle's stage 1 keeps only the owner's gradients).
 
 Example::
 

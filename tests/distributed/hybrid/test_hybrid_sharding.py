@@ -10,10 +10,12 @@ from pipeline_models import copy_from as pp_copy_from
 from pipeline_models import reference, tied_batch, tied_descs, tied_loss
 from tp_models import RefModel, TPModel, copy_from, data, max_param_diff
 
+import fleetlite
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, TensorParallel
 from fleetlite.testing import run_ranks
+from fleetlite.trainer import callbacks as C
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 STEPS, BATCH, CLIP = 5, 4, 0.3
@@ -234,3 +236,43 @@ def test_dp2_sharding2_stage1_in_groups_on_four_ranks():
         assert sum(counts) == n and all(0 < c < n for c in counts), counts
         assert consolidated in (None, n) and (consolidated == n) == (rank % 2 == 0)  # each group's first rank
         assert r["sharding"] == [rank // 2 * 2, rank // 2 * 2 + 1] and r["part"] == (rank, 4)
+
+
+class _StopAt(C.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, step, logs=None):
+        if self.trainer.global_step == self.step and self.trainer.at_step_boundary:
+            self.trainer.stop_training = True
+
+
+def _trainer_fit(ckpt, strategy, stop=None, resume=None):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 6, generator=g)
+    data_set = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long())
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    t = fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=0.02), torch.nn.CrossEntropyLoss(),
+                          strategy=strategy, device="cpu")
+    cbs = [C.ModelCheckpoint(ckpt, save_freq=None, save_steps=1, keep_last=2)] + ([_StopAt(stop)] if stop else [])
+    t.fit(data_set, epochs=2, batch_size=4, callbacks=cbs, resume=resume, verbose=0)
+    return t.global_step, t.checkpoint_connector.model_state(rank0_only=False), type(t.optimizer.inner_opt).__name__
+
+
+def _trainer_resume(rank, world, root):
+    torch.set_num_threads(1)
+    strategy = {"hybrid_configs": {"dp_degree": 2, "sharding_degree": 2}}
+    _, straight, zero = _trainer_fit(f"{root}/straight", strategy)
+    _trainer_fit(f"{root}/b", strategy, stop=3)
+    steps, resumed, _ = _trainer_fit(f"{root}/b", strategy, resume="latest")
+    return all(torch.equal(straight[k], resumed[k]) for k in straight), steps, zero
+
+
+@pytest.mark.timeout(300)
+def test_trainer_fits_and_resumes_dp2_sharding2_stage1_on_four_ranks(tmp_path):
+    """The Trainer takes Paddle's dp × sharding strategy: the optimizer state sharded in groups, and a run stopped
+    at step 3 resumes from its checkpoint to the same weights as a straight run."""
+    for same, steps, zero in run_ranks(_trainer_resume, world_size=4, args=(str(tmp_path),), timeout=290):
+        assert same and steps == 6 and zero == "ZeroRedundancyOptimizer"  # 48 samples / (4 ranks x 4) x 2 epochs

@@ -276,3 +276,33 @@ def test_trainer_fits_and_resumes_dp2_sharding2_stage1_on_four_ranks(tmp_path):
     at step 3 resumes from its checkpoint to the same weights as a straight run."""
     for same, steps, zero in run_ranks(_trainer_resume, world_size=4, args=(str(tmp_path),), timeout=290):
         assert same and steps == 6 and zero == "ZeroRedundancyOptimizer"  # 48 samples / (4 ranks x 4) x 2 epochs
+
+
+def _manual_sync(rank, world):
+    """Paddle's manual pattern under mp2 × sharding2: no_sync, then fused_allreduce_gradients(params, hcg)."""
+    from fleetlite.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2})
+    torch.manual_seed(0)
+    ref, model = RefModel(), TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    part = hcg.get_data_sharding_parallel_rank()
+    for ids, labels in data(3, BATCH * 2):
+        with model.no_sync():
+            model(ids[part * BATCH:(part + 1) * BATCH], labels[part * BATCH:(part + 1) * BATCH]).backward()
+        fused_allreduce_gradients(list(model.parameters()), hcg)  # averages over dp × sharding
+        opt.step()
+        opt.clear_grad()
+        ref(ids, labels).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return max_param_diff(model, ref, hcg)
+
+
+@pytest.mark.timeout(300)
+def test_mp2_sharding2_manual_fused_allreduce_on_four_ranks():
+    for diff in run_ranks(_manual_sync, world_size=4, timeout=290):
+        assert diff <= 1e-5, diff

@@ -313,16 +313,16 @@ def _pipeline_checkpoints(model: PipelineLayer, strategy: DistributedStrategy, h
     pipe group), so a typo is one KeyError on every rank instead of a hang.
     """
     names = strategy.recompute_configs["checkpoints"]
-    if not names or isinstance(names, str):
+    if not names or isinstance(names, str) or not all(isinstance(n, str) for n in names):
         resolve_checkpoints(model, names)  # the same ValueError on every rank
     local = [n for n in names if n in {m for m, _ in model.named_modules() if m}]
     held: list[Any] = [None] * hcg.get_pipe_parallel_world_size()
     torch.distributed.all_gather_object(held, local, group=hcg.get_pipe_parallel_group())
     missing = [n for n in names if not any(n in h for h in held)]
     if missing:
-        layers = ", ".join(str(i) for i in range(model._num_layers))
         raise KeyError(f"recompute checkpoints {missing} name no submodule of any pipeline stage; the stages' "
-                       f"layers are named by their global index ({layers}), their submodules '<index>.<name>' "
+                       f"layers are named by their global index ('0' to '{model._num_layers - 1}'), their "
+                       "submodules '<index>.<name>' "
                        "and shared layers 'shared_layers.<key>' (or use PipelineLayer(..., recompute_interval=N))")
     return local
 

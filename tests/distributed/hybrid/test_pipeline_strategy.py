@@ -18,7 +18,7 @@ from torch import nn
 
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
-from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 from fleetlite.distributed.fleet.recompute import is_recomputed
 from fleetlite.nn import SyncBatchNorm
 from fleetlite.testing import run_ranks
@@ -191,3 +191,15 @@ def test_sync_batch_norm_in_a_pipeline_stage_dp2_pp2_on_four_ranks():
     for r in run_ranks(_sync_bn, world_size=4, timeout=290):
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5, r  # parameters and running statistics
         assert r["sync"] == ([True] if r["stage"] == 0 else []), r
+
+
+def _shared_bn(rank, world):
+    descs = [LayerDesc(nn.Linear, 6, 12), SharedLayerDesc("bn", nn.BatchNorm1d, None, "weight", 12), nn.Tanh(),
+             LayerDesc(nn.Linear, 12, 12), SharedLayerDesc("bn", nn.BatchNorm1d, None, "weight", 12),
+             LayerDesc(nn.Linear, 12, 4)]
+    _setup(rank, world, descs, sync_batch_norm=True)
+
+
+def test_sync_batch_norm_in_a_shared_layer_is_refused_on_every_stage():
+    for kind, text in run_ranks(_shared_bn, world_size=2, expect_failure=True, timeout=120).values():
+        assert kind == "error" and "batch norm inside a SharedLayerDesc layer" in text, text

@@ -306,3 +306,47 @@ def _manual_sync(rank, world):
 def test_mp2_sharding2_manual_fused_allreduce_on_four_ranks():
     for diff in run_ranks(_manual_sync, world_size=4, timeout=290):
         assert diff <= 1e-5, diff
+
+
+def _mp_pp_sharding(rank, world):
+    """mp2 × pp2 × sharding2: tensor-parallel layers inside pipeline stages, optimizer state sharded, clipped."""
+    from test_pipeline_mp import MICRO, ROWS, _descs, _loss
+    from tp_models import VOCAB, local_slice
+
+    hcg = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2},
+                pipeline_configs={"accumulate_steps": ROWS // MICRO, "micro_batch_size": MICRO})
+    torch.manual_seed(0)
+    ref = PipelineLayer(_descs(False), num_stages=1, loss_fn=_loss)
+    stage = PipelineLayer(_descs(True), topology=hcg.topology(), loss_fn=_loss)
+    ref_params = dict(ref.named_parameters())
+    with torch.no_grad():
+        for name, p in stage.named_parameters():
+            p.copy_(local_slice(ref_params[name], p, hcg))
+    model = fleet.distributed_model(stage)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.05)
+    inner._grad_clip = ClipGradByGlobalNorm(0.05)
+    opt = fleet.distributed_optimizer(inner)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
+    part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
+    g = torch.Generator().manual_seed(3)
+    d_loss, d_norm = 0.0, 0.0
+    for _ in range(3):
+        x = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
+        y = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
+        rows = slice(part * ROWS, (part + 1) * ROWS)
+        loss = model.train_batch([x[rows], y[rows]], opt)
+        ref_opt.zero_grad()
+        ref_losses = [_loss(ref(x[i * ROWS:(i + 1) * ROWS]), y[i * ROWS:(i + 1) * ROWS]) for i in range(parts)]
+        torch.stack(ref_losses).mean().backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item()
+        ref_opt.step()
+        d_loss = max(d_loss, abs(loss.item() - ref_losses[part].item()))
+        d_norm = max(d_norm, abs(opt.hybrid_clip.last_norm.item() - ref_norm))
+    d_param = max((p - local_slice(ref_params[n], p, hcg)).abs().max().item() for n, p in stage.named_parameters())
+    return d_loss, d_param, d_norm, ref_norm > 0.05
+
+
+@pytest.mark.timeout(400)
+def test_mp2_pp2_sharding2_stage1_on_eight_ranks():
+    for d_loss, d_param, d_norm, clipped in run_ranks(_mp_pp_sharding, world_size=8, timeout=390):
+        assert d_loss <= 1e-5 and d_param <= 1e-5 and d_norm <= 1e-5 and clipped, (d_loss, d_param, d_norm)

@@ -228,7 +228,10 @@ def distributed_model(model: nn.Module) -> nn.Module:
     buckets all-reduced in float16/bfloat16. With sharding stage 2 or 3 the
     last step is :class:`~fleetlite.distributed.sharding.ShardedDataParallel`
     (FSDP2) instead; an optimizer over the original parameters is rebuilt over
-    the shards when it meets the model.
+    the shards when it meets the model. Under ``hybrid_configs``: a
+    :class:`PipelineLayer` becomes a ``PipelineParallel`` (the strategies above
+    applied to its stage: Note [pipeline strategies]), a model with mp > 1 a
+    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]).
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())

@@ -5,12 +5,14 @@ Under hybrid parallelism the ranks of one tensor-parallel group compute one mode
 so do the stages of one pipeline: they must read the SAME batches. Data is therefore split over the
 data-parallel axis only. The rule, in this one place: when fleet has a hybrid topology with
 ``mp_degree``, ``pp_degree`` or ``sep_degree`` above 1, the data group is the HybridCommunicateGroup's
-data-parallel group (rank = dp rank, size = dp degree); otherwise it is the world. Everything the Trainer
+data × sharding group (rank = ``get_data_sharding_parallel_rank()``, size = dp × sharding degree: the
+sharding axis splits data as dp does, Note [sharding with mp and pp]); otherwise it is the world. Everything the Trainer
 splits or sums over data uses it: its samplers (explicit ``num_replicas`` / ``rank``), the loss and metric
 sums of fit and evaluate (one all-reduce over the group; a torchmetrics metric's ``process_group``), the
 gathering of predictions. ``DistributedBatchSampler()``'s own default stays Paddle's (the world): in a
 hand-written hybrid program pass ``num_replicas=hcg.get_data_parallel_world_size(),
-rank=hcg.get_data_parallel_rank()``, as Paddle's hybrid examples do.
+rank=hcg.get_data_parallel_rank()``, as Paddle's hybrid examples do (with sharding,
+``get_data_sharding_parallel_world_size()`` / ``get_data_sharding_parallel_rank()``).
 
 Example::
 
@@ -63,6 +65,6 @@ def data_group() -> DataGroup:
     hcg = context.state.hcg if context.state.strategy is not None else None
     if hcg is not None and (hcg.get_model_parallel_world_size() > 1 or hcg.get_pipe_parallel_world_size() > 1
                             or hcg.get_sep_parallel_world_size() > 1):
-        return DataGroup(hcg.get_data_parallel_rank(), hcg.get_data_parallel_world_size(),
-                         hcg.get_data_parallel_group(), True)
+        return DataGroup(hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size(),
+                         hcg.get_data_sharding_parallel_group(), True)
     return DataGroup(collective.get_rank(), collective.get_world_size(), None, False)

@@ -62,8 +62,8 @@ def _loaders(t):
     world (Paddle's default) is refused with one line."""
     hcg = fleet.get_hybrid_communicate_group()
     ds = dataset(N_EVAL, 2)
-    dp = DistributedBatchSampler(ds, EVAL_BATCH, num_replicas=hcg.get_data_parallel_world_size(),
-                                 rank=hcg.get_data_parallel_rank())
+    dp = DistributedBatchSampler(ds, EVAL_BATCH, num_replicas=hcg.get_data_sharding_parallel_world_size(),
+                                 rank=hcg.get_data_sharding_parallel_rank())  # dp x sharding: dp alone without it
     out = {"dp_split": t.evaluate(DataLoader(ds, batch_sampler=dp), verbose=0)}
     try:
         t.evaluate(DataLoader(ds, batch_sampler=DistributedBatchSampler(ds, EVAL_BATCH)), verbose=0)
@@ -96,6 +96,17 @@ def test_dp2_mp2_trainer_equals_one_process_with_the_global_batch(tmp_path):
     ref = _reference("global", 2 * BATCH)
     for r in run_ranks(_tp, 4, args=({"dp_degree": 2, "mp_degree": 2, "pp_degree": 1}, "global", str(tmp_path)),
                        timeout=300):
+        assert not compare(r, ref), compare(r, ref)
+        _check_loaders(r, ref)
+
+
+@pytest.mark.timeout(400)
+def test_mp2_sharding2_trainer_splits_data_over_the_sharding_axis_too(tmp_path):
+    """Sharding stage 1 next to mp: the sharding axis reads different data as dp does (the data group is
+    dp x sharding), so 4 ranks of mp2 x sharding2 equal one process with twice the batch."""
+    ref = _reference("global", 2 * BATCH)
+    degrees = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1, "sharding_degree": 2}
+    for r in run_ranks(_tp, 4, args=(degrees, "global", str(tmp_path)), timeout=300):
         assert not compare(r, ref), compare(r, ref)
         _check_loaders(r, ref)
 

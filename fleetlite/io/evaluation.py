@@ -21,6 +21,12 @@ Example::
         count += len(y)
     correct, count = global_sum(correct, count)                        # same on every rank
     accuracy = correct / count
+
+Under hybrid parallelism (mp or pp > 1) split and sum over the data-parallel group only (the ranks of one
+tensor-parallel group or pipeline hold the same samples): build the sampler with
+``num_replicas=hcg.get_data_parallel_world_size(), rank=hcg.get_data_parallel_rank()`` and call
+``global_sum(..., group=hcg.get_data_parallel_group())``; the Trainer does both (Note [data group] in
+``fleetlite.distributed.fleet.data_group``).
 """
 
 from __future__ import annotations
@@ -139,7 +145,8 @@ def drop_padding(loader: Iterable) -> Iterator[Any]:
 
 
 def global_sum(*values: float | int | torch.Tensor, group: Any = None) -> tuple[Any, ...]:
-    """Sum each value over all ranks (float64 for floats, int64 for ints); the inputs single-process.
+    """Sum each value over all ranks of ``group`` (the world by default; under hybrid parallelism pass the
+    data-parallel group) in float64 for floats, int64 for ints; the inputs single-process.
 
     Returns a tuple in the input order, of Python numbers for Python
     numbers and of tensors (on the input's device) for tensors.

@@ -105,7 +105,13 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         dataset: anything with ``len()``.
         batch_size: samples per local batch.
         num_replicas, rank: default to the process group (or launcher
-            variables when no group exists yet).
+            variables when no group exists yet), as Paddle's. Under hybrid
+            parallelism (mp or pp > 1) the ranks of one tensor-parallel group
+            or pipeline must read the same batches: pass the data-parallel
+            group's ``num_replicas=hcg.get_data_parallel_world_size(),
+            rank=hcg.get_data_parallel_rank()``, as Paddle's hybrid programs
+            do (the Trainer does it itself: Note [data group] in
+            ``fleetlite.distributed.fleet.data_group``).
         shuffle: shuffle with a permutation seeded by ``(seed, epoch)``.
         drop_last: drop the incomplete local batch at the end of a pass.
         seed: base seed of the shuffle; the same on every rank.

@@ -9,6 +9,17 @@ clipped once, not each micro-batch), and, with float16 amp, after unscaling
 (``amp.unscale_``: the threshold applies to true gradients; a step whose
 gradients overflowed is still skipped by the scaler).
 
+# Note [hybrid clipping]
+Under tensor or pipeline parallelism (Note [data group]) a rank holds slices
+(``split_axis``) or one stage of the model. The global norm (``global_clipnorm``,
+``ClipGradByGlobalNorm``) is then the whole model's, each parameter counted
+once across dp, mp and pp (:func:`~fleetlite.distributed.fleet.meta_parallel.hybrid_clip.clip_grad_norm_hybrid`);
+the per-tensor norm (``clipnorm``, ``ClipGradByNorm``) of a slice is the full
+tensor's (its squared sum added over the tensor-parallel group). When the
+``DistributedOptimizer`` already clips Paddle's ``optimizer._grad_clip`` across
+the mesh (its ``hybrid_clip``, a step pre-hook), the Trainer does not clip that
+one again.
+
 Example::
 
     trainer.compile(opt, loss, global_clipnorm=1.0)                       # Keras
@@ -23,7 +34,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients"]
+from ..distributed.fleet import get_hybrid_communicate_group
+from ..distributed.fleet.data_group import data_group
+from ..distributed.fleet.meta_parallel import is_split
+from ..distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid
+
+__all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients",
+           "check_hybrid_clipping"]
 
 
 class ClipGradBase:
@@ -110,11 +127,69 @@ def resolve_grad_clip(grad_clip: Any = None, clipnorm: float | None = None, clip
     return out
 
 
+@torch.no_grad()
+def _clip_each_hybrid(params: list[nn.Parameter], clip_norm: float, hcg: Any) -> None:
+    """Per-tensor clipping where a tensor-parallel slice's norm is the full tensor's (Note [hybrid clipping])."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return
+    sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params])
+    split = torch.tensor([is_split(p) for p in params], device=sq.device)
+    if hcg.get_model_parallel_world_size() > 1:
+        part = torch.where(split, sq, torch.zeros_like(sq))
+        torch.distributed.all_reduce(part, group=hcg.get_model_parallel_group())
+        sq = torch.where(split, part, sq)
+    coef = torch.clamp(clip_norm / (sq.sqrt() + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule, per tensor
+    for p, c in zip(params, coef):
+        p.grad.mul_(c.to(p.grad.dtype))
+
+
+def _clip_hybrid(clip: Any, params: list[nn.Parameter], hcg: Any) -> None:
+    """One clipper across the hybrid mesh (Note [hybrid clipping]); value clipping is elementwise, as it is."""
+    if isinstance(clip, ClipGradByGlobalNorm):
+        clip_grad_norm_hybrid(params, clip.clip_norm, hcg)
+    elif isinstance(clip, ClipGradByNorm):
+        _clip_each_hybrid(params, clip.clip_norm, hcg)
+    else:
+        clip(params)
+
+
+def _own_clip(optimizer: Any) -> Any:
+    """Paddle's ``optimizer._grad_clip`` when the DistributedOptimizer clips it across the mesh itself."""
+    if getattr(optimizer, "hybrid_clip", None) is None:
+        return None
+    return getattr(getattr(optimizer, "user_opt", None), "_grad_clip", None)
+
+
+def check_hybrid_clipping(optimizer: Any, clippers: list[Any]) -> None:
+    """Before training under tensor/pipeline parallelism: a clipper other than Paddle's three classes (Keras'
+    numbers) cannot know the whole model's norm (Note [hybrid clipping]); one line saying so."""
+    if not data_group().hybrid:
+        return
+    own = _own_clip(optimizer)
+    for clip in clippers:
+        if clip is not own and not isinstance(clip, (ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue)):
+            raise ValueError(f"gradient clipper {type(clip).__name__} under tensor/pipeline parallelism: a rank holds "
+                             "slices or one stage, so a norm it computes is not the model's; use "
+                             "ClipGradByGlobalNorm / global_clipnorm, ClipGradByNorm / clipnorm or ClipGradByValue / "
+                             "clipvalue")
+
+
 def clip_gradients(optimizer: Any, network: nn.Module, clippers: list[Any]) -> None:
-    """Apply ``clippers`` to ``network``'s gradients at an optimizer step (see Note [clip order])."""
+    """Apply ``clippers`` to ``network``'s gradients at an optimizer step (Notes [clip order], [hybrid clipping])."""
+    hybrid = data_group().hybrid
+    if hybrid:  # the DistributedOptimizer clips Paddle's optimizer._grad_clip itself: not twice
+        own = _own_clip(optimizer)
+        clippers = [c for c in clippers if own is None or c is not own]
+    if not clippers:
+        return
     amp = getattr(optimizer, "amp", None)
     if amp is not None and amp.uses_scaler:
         amp.unscale_(optimizer.inner_opt)
     params = [p for p in network.parameters() if p.requires_grad]
+    hcg = get_hybrid_communicate_group() if hybrid else None
     for clip in clippers:
-        clip(params)
+        if hcg is not None:
+            _clip_hybrid(clip, params, hcg)
+        else:
+            clip(params)

@@ -48,8 +48,8 @@ from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
 from .callbacks import NonFiniteLossError, Preemption
 from .data_adapter import DataAdapter, batch_length
-from .loops import EvaluationLoop, FitPlan, metric_logs
-from .metrics import reduce_sums
+from .hybrid import agree_buffers
+from .loops import EvaluationLoop, FitPlan, metric_logs, pass_logs
 
 __all__ = ["FitLoop", "FitProgress", "FitState"]
 
@@ -242,7 +242,7 @@ class FitLoop:
             t.run_pending_saves()
         st.at_step_boundary = True
         if train.sharded:
-            t.parallel_network.agree_buffers()  # Note [agreed buffers]
+            agree_buffers(t)  # Note [agreed buffers]
         callbacks.on_train_end(logs)
         t.run_pending_saves()
 
@@ -290,19 +290,17 @@ class FitLoop:
         if not isinstance(out, dict) or "loss" not in out:
             raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
         logs = {"loss": self.progress.add_batch(out["loss"], n)}
-        logs.update(metric_logs(self.trainer.metrics, lazy=True))
+        pipe = self.trainer.pipeline
+        if pipe is None or pipe.last:  # a pipeline's metrics live on its last stage (Note [hybrid trainer])
+            logs.update(metric_logs(self.trainer.metrics, lazy=True))
         logs.update({k: v for k, v in out.items() if k != "loss"})
         logs["batch_size"] = n
         return logs
 
     def _epoch_logs(self) -> dict[str, Any]:
-        metrics = self.trainer.metrics
-        extra = self.progress.sums()
-        if self.train.sharded:
-            extra = reduce_sums(metrics, extra)
-        logs = {"loss": float(extra[0] / max(extra[1].item(), 1.0))}
-        logs.update(metric_logs(metrics))
-        return logs
+        """The epoch's loss and metrics, reduced over the data group (Note [data group]; a pipeline's last stage
+        computes them and sends them to the other stages)."""
+        return pass_logs(self.trainer, self.progress.sums(), self.train.sharded, True)
 
     def _evaluate_in_epoch(self) -> None:
         """An evaluation in the middle of an epoch (Keras-side ``eval_steps``), on copies of the metrics, so the

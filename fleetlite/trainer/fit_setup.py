@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from ..checkpoint import LoadedCheckpoint, warn_if_overwriting
 from .arguments import check_positive
 from .callbacks import CallbackList, ModelCheckpoint
-from .clipping import resolve_grad_clip
+from .clipping import check_hybrid_clipping, resolve_grad_clip
 from .data_adapter import DataAdapter, build_adapter, describe_sizes, keras_xy
 from .keras_fit import apply_keras_options, check_call_order
 from .loops import FitPlan
@@ -101,6 +101,7 @@ class FitSetup(NamedTuple):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
         t.setup(training=True)
+        check_hybrid_clipping(t.optimizer, t.grad_clip)
         plan = FitPlan(epochs, eval_freq, num_iters, initial_epoch, eval_steps,
                        _accumulate(t.optimizer.merge.k, accumulate_grad_batches))
         pin = t.device.type == "cuda"
@@ -113,6 +114,11 @@ class FitSetup(NamedTuple):
                                                                       pin_memory=pin, role="eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
+        if t.pipeline is not None:  # what a pipeline cannot train, before the first step (Note [hybrid trainer])
+            t.pipeline.check_fit(train, plan.accumulate or t.optimizer.merge.k,
+                                 weighting.field or weighting.class_table is not None)
+            if evaluation is not None:
+                t.pipeline.check_inference(evaluation, "evaluation")
         if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
             callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
         cbs = CallbackList.for_call(callbacks, t, verbose=verbose, log_freq=log_freq, epochs=epochs, train=train,

@@ -3,7 +3,12 @@
 # Note [agreed buffers]
 The data-parallel engine broadcasts buffers before each training forward (as DDP does), so after the last step
 every rank's buffers reflect its own last batch. Evaluation, prediction and the end of ``fit`` first take rank
-0's (``WrappedModel.agree_buffers``), so every rank evaluates the model that is saved.
+0's (``WrappedModel.agree_buffers``), so every rank evaluates the model that is saved (a pipeline stage: its
+data group's first rank's, :func:`~fleetlite.trainer.hybrid.agree_buffers`).
+
+Sums (loss, metric states) are reduced and predictions gathered over the data group (Note [data group] in
+:mod:`fleetlite.distributed.fleet.data_group`); on a pipeline the last stage computes the logs and
+predictions and sends them to the other stages (Note [hybrid trainer] in :mod:`~fleetlite.trainer.hybrid`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import torch
 
 from ..distributed import collective
 from ..distributed.faults import peer_failures
+from ..distributed.fleet import get_hybrid_communicate_group
+from ..distributed.fleet.data_group import data_group
 from ..io.evaluation import trim_batch
 from .data_adapter import DataAdapter, batch_length
+from .hybrid import agree_buffers
 from .metrics import reduce_sums
 
-__all__ = ["FitPlan", "EvaluationLoop", "PredictionLoop", "metric_logs"]
+__all__ = ["FitPlan", "EvaluationLoop", "PredictionLoop", "metric_logs", "pass_logs"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,26 @@ def metric_logs(metrics, lazy: bool = False) -> dict[str, Any]:
         values = values if isinstance(values, (list, tuple)) else [values]
         logs.update(zip(m.names(), values))
     return logs
+
+
+def pass_logs(trainer, extra: torch.Tensor, sharded: bool, with_loss: bool) -> dict[str, Any]:
+    """The logs of a pass: ``extra`` (``[loss_sum, count]``) and the metric states summed over the data group
+    when ``sharded``; on a pipeline computed by the last stage and sent to the others (the other stages hold
+    no outputs), so every rank returns the same dict.
+
+    Example::
+
+        logs = pass_logs(trainer, torch.tensor([12.5, 25.0], dtype=torch.float64), sharded=True, with_loss=True)
+    """
+    pipe = trainer.pipeline
+    logs: dict[str, Any] = {}
+    if pipe is None or pipe.last:
+        if sharded:
+            extra = reduce_sums(trainer.metrics, extra)
+        if with_loss:
+            logs["loss"] = float(extra[0] / max(extra[1].item(), 1.0))
+        logs.update(metric_logs(trainer.metrics))
+    return logs if pipe is None else pipe.from_last_stage(logs)
 
 
 class _InferenceLoop:
@@ -101,7 +129,7 @@ class EvaluationLoop(_InferenceLoop):
         if reason is not None:
             raise ValueError(f"cannot evaluate exactly: {reason}")
         if data.sharded:
-            t.parallel_network.agree_buffers()  # Note [agreed buffers]
+            agree_buffers(t)  # Note [agreed buffers]
         module = t.network
         was_training = module.training
         module.eval()
@@ -126,14 +154,17 @@ class EvaluationLoop(_InferenceLoop):
         finally:
             module.train(was_training)
         extra = torch.stack([loss_sum.cpu(), torch.tensor(float(count), dtype=torch.float64)])
-        if data.sharded:
-            extra = reduce_sums(t.metrics, extra)
-        logs: dict[str, Any] = {}
-        if t.loss_fn is not None:
-            logs["loss"] = float(extra[0] / max(extra[1].item(), 1.0))
-        logs.update(metric_logs(t.metrics))
+        logs = pass_logs(t, extra, data.sharded, t.loss_fn is not None)
         callbacks.on_eval_end(logs)
         return logs
+
+
+def _holds_outputs(trainer) -> bool:
+    """Whether this rank's predictions are its model replica's to write: the last pipeline stage, the first
+    rank of a tensor-parallel group (the others hold the same outputs)."""
+    if trainer.pipeline is not None and not trainer.pipeline.last:
+        return False
+    return not data_group().hybrid or get_hybrid_communicate_group().get_model_parallel_rank() == 0
 
 
 def _cpu(x: Any) -> Any:
@@ -171,20 +202,22 @@ class PredictionLoop(_InferenceLoop):
 
     def _run(self, data: DataAdapter, batch_size: int, stack_outputs: bool, callbacks, writer=None) -> Any:
         t = self.trainer
-        gather = data.sharded and collective.get_world_size() > 1
+        gather = data.sharded  # over the data group (Note [data group])
         indices = data.pass_indices() if gather else None
         if gather and indices is None:
             raise ValueError("cannot gather predictions in dataset order: the data is split across ranks by a sampler "
                              "whose indices are unknown; use a Dataset, a DataLoader over a DistributedBatchSampler, "
                              "or a TensorLoader")
         if data.sharded:
-            t.parallel_network.agree_buffers()  # Note [agreed buffers]
+            agree_buffers(t)  # Note [agreed buffers]
         module = t.network
         was_training = module.training
         module.eval()
         local: list[list[torch.Tensor]] = []
         local_idx: list[list[int]] = []  # the dataset indices of each local batch
-        writes = writer is not None and (gather or collective.get_rank() == 0)  # unsharded data: rank 0 writes
+        group = data_group()
+        # one writer per model replica: the last stage's first tensor-parallel rank; unsharded data: replica 0's
+        writes = writer is not None and _holds_outputs(t) and (gather or group.rank == 0)
         if writer is not None:
             writer.start()
         callbacks.on_predict_begin()
@@ -192,7 +225,11 @@ class PredictionLoop(_InferenceLoop):
             with torch.no_grad():
                 for i, batch in self._real_batches(data):
                     callbacks.on_predict_batch_begin(i)
-                    outs = _as_outputs(_cpu(t.predict_step(t.to_device(batch))))
+                    out = t.predict_step(t.to_device(batch))
+                    if out is None and t.pipeline is not None:  # a stage before the last: no outputs here
+                        callbacks.on_predict_batch_end(i, {"outputs": None})
+                        continue
+                    outs = _as_outputs(_cpu(out))
                     idx = list(indices[i][:batch_length(batch)]) if indices is not None else None
                     if writes:
                         writer.write(outs, idx)
@@ -208,9 +245,11 @@ class PredictionLoop(_InferenceLoop):
             callbacks.on_predict_end({"num_samples": writer.rows, "paths": paths})
             return paths
         if gather:
-            parts = collective.all_gather_object((local_idx, local))
+            parts = collective.all_gather_object((local_idx, local), group=group.group)
             local_idx = [ix for p in parts for ix in p[0]]
             local = [b for p in parts for b in p[1]]
+        if t.pipeline is not None:
+            local_idx, local = t.pipeline.from_last_stage((local_idx, local))
         result = _assemble(local, local_idx if gather else None, batch_size, stack_outputs)
         callbacks.on_predict_end({"num_samples": int(result[0].shape[0]) if stack_outputs and result else
                                   sum(int(b[0].shape[0]) for b in local)})

@@ -261,19 +261,23 @@ class Accuracy(Metric):
 
 
 def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Sum every metric's registered state (and ``extra``, a float64 vector) across ranks, in place.
+    """Sum every metric's registered state (and ``extra``, a float64 vector) across the data group, in place.
 
-    One all-reduce of one flat float64 tensor per call; a no-op without a
+    The data group is the world, or under tensor/pipeline parallelism the data-parallel group (Note [data
+    group] in :mod:`fleetlite.distributed.fleet.data_group`: the ranks of one model replica saw the same
+    samples, so they are not added). One all-reduce of one flat float64 tensor per call; a no-op without a
     process group. Returns the reduced ``extra``.
     """
     from ..distributed import collective
+    from ..distributed.fleet.data_group import data_group
 
-    if not collective.is_initialized() or collective.get_world_size() == 1:
+    g = data_group()
+    if not collective.is_initialized() or g.size == 1:
         return extra
     parts: list[torch.Tensor] = []
     for m in metrics:
         if hasattr(m, "_sync"):  # a torchmetrics metric: it gathers its own states in compute()
-            m._sync = True
+            m._sync, m._group = True, g.group
             continue
         if not m.state_names():
             raise MetricReductionError(
@@ -286,8 +290,9 @@ def reduce_sums(metrics: Sequence[Metric], extra: torch.Tensor | None = None) ->
     if not parts:
         return extra
     flat = torch.cat(parts)
-    flat = flat.to(collective.collective_device(flat.device))  # gloo takes the CPU sums (Note [per-device backends])
-    collective.all_reduce(flat)
+    # gloo takes the CPU sums (Note [per-device backends])
+    flat = flat.to(collective.collective_device(flat.device, g.group))
+    collective.all_reduce(flat, group=g.group)
     flat = flat.cpu()
     offset = 0
     for m in metrics:

@@ -212,13 +212,21 @@ class Model:
             res.append(m.update(*to_list(r)))
         return res
 
+    def _per_batch(self, what: str, training: bool = False) -> None:
+        """Set up; a pipeline model has no whole-model forward for Paddle's per-batch calls: refused."""
+        self._trainer.setup(training=training)
+        if self._trainer.pipeline is not None:
+            raise NotImplementedError(f"Model.{what} of a pipeline model (PipelineLayer): a rank holds one stage, "
+                                      "so it cannot run the batch alone; use fit / evaluate / predict, which run "
+                                      "the pipeline's schedule")
+
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> Any:
         """One training step on a batch (numpy or tensors); ``update=False`` only accumulates gradients.
 
         Returns ``[loss]`` (numpy), or ``([loss], [metric values])`` with metrics (Paddle's layout).
         """
         t = self._trainer
-        t.setup(training=True)
+        self._per_batch("train_batch", training=True)
         inputs, labels = self._batch_inputs(inputs), self._batch_tensors(labels)
         self._ran = True
         t.parallel_network.train()
@@ -241,7 +249,7 @@ class Model:
     def eval_batch(self, inputs: Any, labels: Any = None) -> Any:
         """Loss and metrics on a batch without training (Paddle's layout, as :meth:`train_batch`)."""
         t = self._trainer
-        t.setup()
+        self._per_batch("eval_batch")
         inputs, labels = self._batch_inputs(inputs), self._batch_tensors(labels)
         self._ran = True
         t.network.eval()
@@ -256,7 +264,7 @@ class Model:
     def predict_batch(self, inputs: Any) -> list[np.ndarray]:
         """The model's outputs for a batch, one numpy array per output."""
         t = self._trainer
-        t.setup()
+        self._per_batch("predict_batch")
         inputs = self._batch_inputs(inputs)
         self._ran = True
         t.network.eval()

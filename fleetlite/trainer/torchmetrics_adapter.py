@@ -3,9 +3,10 @@
 The Trainer wraps a ``torchmetrics.Metric`` in :class:`TorchMetric`: each
 batch's real samples (the distributed sampler's padding cut off first) go to
 ``update(preds, target)``; the epoch value is ``compute()``, which gathers
-the states of every rank (torchmetrics' own sync) when the data is split
-across ranks, and stays local when every rank holds the whole data. No value
-is computed per batch (``compute`` can be costly, e.g. AUROC sorts every
+the states of every rank of the data group (torchmetrics' own sync over its
+``process_group``; under tensor or pipeline parallelism the data-parallel
+group) when the data is split across ranks, and stays local when every rank
+holds the whole data. No value is computed per batch (``compute`` can be costly, e.g. AUROC sorts every
 sample seen), so torchmetrics values appear in the epoch logs only.
 
 Example::
@@ -49,6 +50,7 @@ class TorchMetric(Metric):
         self.metric = metric
         self._name = name or re.sub(r"[^a-z0-9_]", "", type(metric).__name__.lower())
         self._sync = False  # set by reduce_sums when the data is split across ranks
+        self._group = None  # the data group's process group (Note [data group]); None: the world
 
     def compute(self, *args):
         return args
@@ -66,6 +68,10 @@ class TorchMetric(Metric):
 
     def accumulate(self) -> float | list[float]:
         self.metric.sync_on_compute = self._sync
+        # compute() reads _to_sync, which torchmetrics copies from sync_on_compute only at construction: without
+        # this, every rank's states were gathered even when each rank holds the whole data (counts doubled)
+        self.metric._to_sync = self._sync
+        self.metric.process_group = self._group  # tensor-parallel / pipeline replicas are not gathered twice
         self.metric._computed = None  # the sync choice may have changed since the last compute
         value = self.metric.compute()
         if hasattr(value, "numel") and value.numel() == 1:

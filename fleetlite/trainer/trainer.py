@@ -32,6 +32,7 @@ from .connector import Connector, unwrap_compiled
 from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to_device
 from .fit_loop import FitLoop, FitState
 from .fit_setup import FitSetup, as_metrics, resolve_clipping
+from .hybrid import PipelineSteps, is_pipeline
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
@@ -104,6 +105,7 @@ class Trainer:
         self.example_inputs: tuple[torch.Tensor, ...] | None = None  # two input rows of the first batch, for export
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
+        self.pipeline: PipelineSteps | None = None  # the steps of a pipeline model (Note [hybrid trainer])
         self.checkpoint_connector = CheckpointConnector(self)  # saves and restores the training state
     # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle)
     merge_avg: bool | None = None
@@ -182,11 +184,13 @@ class Trainer:
             if not self._config_agreed:  # fail fast, before the model is wrapped
                 self._connector.check_same_config(self.config)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
+            if is_pipeline(self.parallel_network):  # Note [hybrid trainer]
+                self.pipeline = PipelineSteps(self, self.parallel_network)
         if training:
             if self.user_optimizer is None:
                 raise ValueError("fit needs an optimizer: pass Trainer(model, optimizer, loss) or call "
                                  "compile(optimizer, loss) first")
-            if self.loss_fn is None and type(self).train_step is Trainer.train_step:
+            if self.loss_fn is None and type(self).train_step is Trainer.train_step and self.pipeline is None:
                 raise ValueError("fit needs a loss: pass Trainer(..., loss=nn.CrossEntropyLoss()) or compile(..., "
                                  "loss=...), or override train_step")
         if self.optimizer is None and self.user_optimizer is not None:
@@ -247,8 +251,11 @@ class Trainer:
 
         Returns a dict with at least ``"loss"`` (a tensor). Keras' custom-step
         pattern: override and use ``self.parallel_network``, ``self.backward``,
-        ``self.optimizer_step``, ``self.update_metrics``.
+        ``self.optimizer_step``, ``self.update_metrics``. A pipeline model trains through its ``train_batch``
+        (Note [hybrid trainer] in :mod:`~fleetlite.trainer.hybrid`).
         """
+        if self.pipeline is not None:
+            return self.pipeline.train_step(batch)
         batch, sample = self.weighting.split(batch)  # Keras' sample_weight / class_weight
         inputs, labels = self.split_batch(batch)
         outputs = self.parallel_network(*inputs)
@@ -262,6 +269,8 @@ class Trainer:
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
         """One evaluation batch (padding already removed, under ``no_grad``): loss and metrics."""
+        if self.pipeline is not None:
+            return self.pipeline.eval_step(batch)
         inputs, labels = self.split_batch(batch)
         outputs = self.network(*inputs)
         self.update_metrics(outputs, labels)
@@ -270,7 +279,10 @@ class Trainer:
         return {"loss": self.compute_loss(outputs, labels)}
 
     def predict_step(self, batch: Any) -> Any:
-        """One prediction batch: the model's outputs for the batch's inputs (labels, if present, ignored)."""
+        """One prediction batch: the model's outputs for the batch's inputs (labels, if present, ignored); on a
+        pipeline the last stage's outputs, None on the other stages."""
+        if self.pipeline is not None:
+            return self.pipeline.predict_step(batch)
         inputs, _ = self.split_batch(batch)
         return self.network(*inputs)
 
@@ -316,9 +328,9 @@ class Trainer:
         """Loss and metrics over ``x`` (data, or inputs with labels ``y``), exact across ranks (each sample once).
 
         Keras' positional order: ``evaluate(x, y, batch_size, verbose, sample_weight, steps, callbacks,
-        return_dict)``; ``batch_size`` defaults to 32 and ``steps`` evaluates the first ``steps`` batches of each
-        rank. Unlike Keras, ``return_dict`` defaults to True (the logs dict); ``False`` gives Keras' scalar loss
-        or ``[loss, *metrics]``.
+        return_dict)``; ``batch_size`` defaults to 32 (a pipeline model's rows per step) and ``steps`` evaluates
+        the first ``steps`` batches of each rank. Unlike Keras, ``return_dict`` defaults to True (the logs dict);
+        ``False`` gives Keras' scalar loss or ``[loss, *metrics]``.
         """
         if x is None:
             raise TypeError("evaluate() needs data: evaluate(x, y), evaluate((x, y)), a Dataset or a DataLoader")
@@ -329,11 +341,13 @@ class Trainer:
         if sample_weight is not None:
             raise NotImplementedError("evaluate(sample_weight=...) is not supported: the evaluation loss is the "
                                       "plain mean over samples; weight it in an overridden eval_step")
-        batch_size = 32 if batch_size is None else batch_size
-        check_positive(batch_size=batch_size, log_freq=log_freq, **({} if steps is None else {"steps": steps}))
         self.setup()
+        batch_size = self._default_batch_size(batch_size)
+        check_positive(batch_size=batch_size, log_freq=log_freq, **({} if steps is None else {"steps": steps}))
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
         data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
+        if self.pipeline is not None:
+            self.pipeline.check_inference(data, "evaluation")
         if steps is not None:
             data = LimitedAdapter.wrap(data, steps)
         cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=log_freq, epochs=1,
@@ -350,17 +364,20 @@ class Trainer:
         """Model outputs for ``x`` in dataset order, gathered across ranks without duplicates.
 
         Keras' positional order: ``predict(x, batch_size, verbose, steps, callbacks)`` (``batch_size`` defaults
-        to 32; ``steps``: the first ``steps`` batches of each rank). Returns, for a model with one output, a list
-        of batch tensors (one tensor with ``stack_outputs=True``); for several outputs, a list with one such
-        entry per output (Paddle's layout). Outputs whose non-batch dims differ between batches come back batch
-        by batch (Note [predict batches]). ``output_dir``: stream the outputs to disk instead (memory independent
-        of the data size) and return the merged ``.npy`` paths (Note [streamed predictions]).
+        to 32, a pipeline model's rows per step; ``steps``: the first ``steps`` batches of each rank). Returns, for a
+        model with one output, a list of batch tensors (one tensor with ``stack_outputs=True``); for several
+        outputs, a list with one such entry per output (Paddle's layout). Outputs whose non-batch dims differ
+        between batches come back batch by batch (Note [predict batches]). ``output_dir``: stream the outputs to
+        disk instead (memory independent of the data size) and return the merged ``.npy`` paths (Note [streamed
+        predictions]).
         """
-        batch_size = 32 if batch_size is None else batch_size
-        check_positive(batch_size=batch_size, **({} if steps is None else {"steps": steps}))
         self.setup()
+        batch_size = self._default_batch_size(batch_size)
+        check_positive(batch_size=batch_size, **({} if steps is None else {"steps": steps}))
         pin = self.device.type == "cuda"
         adapter = build_adapter(x, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
+        if self.pipeline is not None:
+            self.pipeline.check_inference(adapter, "prediction")
         if steps is not None:
             adapter = LimitedAdapter.wrap(adapter, steps)
         cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=10, epochs=1, batch_size=batch_size,
@@ -369,6 +386,12 @@ class Trainer:
         if output_dir is not None:
             writer = PredictionWriter(output_dir, self._connector.rank, self._connector.world_size)
         return PredictionLoop(self).run(adapter, batch_size, stack_outputs, cbs, writer)
+
+    def _default_batch_size(self, batch_size: int | None) -> int:
+        """32 (Keras), or a pipeline's ``accumulate_steps * micro_batch_size`` (the rows it runs at once)."""
+        if batch_size is not None:
+            return batch_size
+        return self.pipeline.rows if self.pipeline is not None else 32
 
     def eval_due(self, epoch: int, eval_freq: int) -> bool:
         """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""

@@ -131,7 +131,8 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     degrees = resolved.hybrid_degrees(_world_size())
     if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
         _state.hcg = None  # a new strategy with other degrees: a new topology
-    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1:
+    partial_stage1 = resolved.sharding_stage == 1 and 1 < degrees["sharding"] < _world_size()
+    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1 or partial_stage1:
         _build_hcg(resolved)  # collective: every rank calls init
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
@@ -227,7 +228,10 @@ def distributed_model(model: nn.Module) -> nn.Module:
     buckets all-reduced in float16/bfloat16. With sharding stage 2 or 3 the
     last step is :class:`~fleetlite.distributed.sharding.ShardedDataParallel`
     (FSDP2) instead; an optimizer over the original parameters is rebuilt over
-    the shards when it meets the model.
+    the shards when it meets the model. Under ``hybrid_configs``: a
+    :class:`PipelineLayer` becomes a ``PipelineParallel`` (the strategies above
+    applied to its stage: Note [pipeline strategies]), a model with mp > 1 a
+    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]).
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())
@@ -280,12 +284,66 @@ def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.M
     if pp != model.get_num_stages():
         raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
                          f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
-    unsupported = [f for f in ("amp", "recompute", "sync_batch_norm") if getattr(strategy, f)]
-    if unsupported:
-        raise NotImplementedError(f"strategy {unsupported} with a PipelineLayer is not supported yet; turn them off "
-                                  "(recompute: PipelineLayer(..., recompute_interval=N) recomputes inside stages)")
+    hcg = get_hybrid_communicate_group()
+    # Note [pipeline strategies]
+    # The model-side strategies apply to this rank's stage, in distributed_model's order, each checked on every
+    # stage (one all_gather over the pipe group) before anything changes, so a bad setting fails everywhere:
+    # - sync_batch_norm: the stage's batch norms synchronise over dp × sharding (the ranks holding this stage);
+    #   statistics are per micro-batch, as in Paddle;
+    # - recompute: recompute_configs' checkpoints name the stages' submodules (global layer index paths);
+    # - amp: each stage's forward under autocast, its floating outputs cast to float32, so what crosses a stage
+    #   boundary has the dtype the schedule's metadata inference saw (a bfloat16/float16 value is exact in
+    #   float32: the next stage's autocast casts it back unchanged). float16 loss scaling: train_batch scales
+    #   each micro-batch's loss with the DistributedOptimizer's scaler, whose skip decision is agreed by every
+    #   rank (Note [amp skip consistency]).
+    names = _pipeline_checkpoints(model, strategy, hcg) if strategy.recompute else []
+    if strategy.sync_batch_norm:
+        _pipeline_sync_batch_norm(model, hcg)
+    if names:
+        apply_recompute(model, names)
+    if strategy.amp:
+        warn_cpu_amp(strategy, _first_device(model))
+        model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
     # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
-    return PipelineParallel(model, hcg=get_hybrid_communicate_group(), strategy=strategy)
+    return PipelineParallel(model, hcg=hcg, strategy=strategy)
+
+
+def _pipeline_checkpoints(model: PipelineLayer, strategy: DistributedStrategy, hcg) -> list[str]:
+    """``recompute_configs['checkpoints']`` held by this stage; a name that no stage holds fails on every stage.
+
+    The names are this stage's ``named_modules`` paths (layers by global index: ``"3"``, ``"3.fc"``,
+    ``shared_layers.<key>``); the stages agree on which names they hold (one ``all_gather_object`` over the
+    pipe group), so a typo is one KeyError on every rank instead of a hang.
+    """
+    names = strategy.recompute_configs["checkpoints"]
+    if not names or isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        resolve_checkpoints(model, names)  # the same ValueError on every rank
+    local = [n for n in names if n in {m for m, _ in model.named_modules() if m}]
+    held: list[Any] = [None] * hcg.get_pipe_parallel_world_size()
+    torch.distributed.all_gather_object(held, local, group=hcg.get_pipe_parallel_group())
+    missing = [n for n in names if not any(n in h for h in held)]
+    if missing:
+        raise KeyError(f"recompute checkpoints {missing} name no submodule of any pipeline stage; the stages' "
+                       f"layers are named by their global index ('0' to '{model._num_layers - 1}'), their "
+                       "submodules '<index>.<name>' "
+                       "and shared layers 'shared_layers.<key>' (or use PipelineLayer(..., recompute_interval=N))")
+    return local
+
+
+def _pipeline_sync_batch_norm(model: PipelineLayer, hcg) -> None:
+    """This stage's BatchNorm layers become SyncBatchNorm over the ranks that hold the stage and read other data
+    (dp × sharding); the stage's run list is pointed at the converted layers."""
+    local = [n for n, m in model.shared_layers.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    shared: list[Any] = [None] * hcg.get_pipe_parallel_world_size()
+    torch.distributed.all_gather_object(shared, local, group=hcg.get_pipe_parallel_group())  # fail on every stage
+    if any(shared):
+        raise NotImplementedError(f"strategy.sync_batch_norm with a batch norm inside a SharedLayerDesc layer "
+                                  f"({sorted({n for s in shared for n in s})}) is not supported; keep batch norm "
+                                  "out of shared layers or turn sync_batch_norm off")
+    before = dict(model.named_children())
+    SyncBatchNorm.convert_sync_batchnorm(model, process_group=hcg.get_data_sharding_parallel_group())
+    swapped = {id(old): new for name, old in before.items() if (new := getattr(model, name)) is not old}
+    model.run_function = [swapped.get(id(f), f) for f in model.run_function]
 
 
 def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
@@ -360,7 +418,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
     params = [p for g in optimizer.param_groups for p in g["params"]]
     device = params[0].device if params else ParallelEnv().device
     amp = AmpHelper.from_strategy(current, device)
-    dist_opt = DistributedOptimizer(optimizer, current, amp=amp)
+    dist_opt = DistributedOptimizer(optimizer, current, amp=amp, group=_hybrid_sharding_group(current))
     ids = {id(p) for p in params}
     for model in list(_state.models):
         replaced = getattr(model, "replaces", lambda _: False)  # sharding stage 2/3 swapped the parameters
@@ -368,6 +426,15 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
             dist_opt.attach_model(model)
     _state.optimizers.add(dist_opt)
     return dist_opt
+
+
+def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
+    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding): the hcg's sharding group holds
+    the optimizer state (Note [sharding with mp and pp]); None: every rank (plain stage 1)."""
+    hcg = _state.hcg
+    if strategy.sharding_stage != 1 or hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
+        return None
+    return hcg.get_sharding_parallel_group()
 
 
 def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:

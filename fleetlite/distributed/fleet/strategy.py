@@ -18,7 +18,7 @@ assignment time -- stricter than Paddle, which prints a warning and ignores
 most wrongly typed values.
 
 Features that are named but not implemented here (:data:`strategy_fields.REFUSED`:
-pipeline, tensor_parallel, mp/pp/sep degrees above
+pipeline, tensor_parallel, a sep degree above
 1, pure fp16, ...) can be set, so a Paddle script's strategy builds, but
 :meth:`DistributedStrategy.check_supported` (run by ``fleet.init`` and
 ``fleet.distributed_*``) refuses them with NotImplementedError naming the
@@ -261,10 +261,13 @@ class DistributedStrategy:
             raise ValueError(f"sharding degree {sd} does not divide the {world_size} ranks: set "
                              f"sharding_configs['sharding_degree'] to a divisor of {world_size} (the ranks of one "
                              "node for hybrid sharding) or -1 for all ranks")
-        if stage == 1 and sd != world_size:
+        hsd = self._values["hybrid_configs"]["sharding_degree"]
+        if stage == 1 and sd != world_size and not sd == hsd > 1:
+            # (hybrid_configs' sharding axis runs stage 1 in groups: Note [sharding with mp and pp])
             raise NotImplementedError(
-                f"sharding degree {sd} with {world_size} ranks at stage 1: hybrid (partial) sharding runs on stages "
-                f"2/3 (FSDP2 on a 2-D DeviceMesh); use stage 2 or 3, or sharding_degree = {world_size} (all ranks)")
+                f"sharding degree {sd} with {world_size} ranks at stage 1 from sharding_configs: hybrid (partial) "
+                f"stage 1 runs over hybrid_configs' sharding axis; set hybrid_configs['sharding_degree'] = {sd} "
+                f"(dp_degree {world_size // sd}), or use stage 2 or 3 (FSDP2 on a 2-D DeviceMesh)")
         if stage == 1 and (cfg["offload"] or cfg["wrap"]):
             raise NotImplementedError(
                 "sharding_configs offload/wrap apply to stages 2 and 3 (FSDP2); stage 1 "
@@ -281,6 +284,36 @@ class DistributedStrategy:
             raise ValueError(f"sharding_configs['hybrid_dp'] = True needs more than one sharding group, but the "
                              f"sharding degree {sd} spans all {world_size} ranks: set sharding_degree to a divisor "
                              f"of {world_size} (the ranks of one node) or hybrid_dp = False")
+
+    def _check_hybrid_sharding(self) -> None:
+        """Sharding next to mp/pp: stage 1 over hybrid_configs' sharding axis (Note [sharding with mp and pp])."""
+        hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
+        stage, hsd = cfg["stage"], hybrid["sharding_degree"]
+        if stage != 1:
+            raise NotImplementedError(
+                f"sharding stage {stage} together with mp_degree/pp_degree > 1 is not implemented by fleetlite (FSDP2 "
+                "would replace the tensor-parallel slices and the pipeline stages' parameters with its own); set "
+                "sharding_configs['stage'] = 1: the optimizer state is sharded over hybrid_configs' sharding axis")
+        if hsd == 1:
+            raise ValueError(
+                "strategy.sharding with mp_degree/pp_degree > 1 shards over hybrid_configs' sharding axis, but "
+                "hybrid_configs['sharding_degree'] is 1: set it to the number of ranks to shard the optimizer "
+                "state across (they split the data like dp_degree, e.g. {'dp_degree': 1, 'mp_degree': 2, "
+                "'sharding_degree': 2}), or turn sharding off")
+        sd = cfg["sharding_degree"]
+        if sd != CONFIGS["sharding_configs"]["sharding_degree"][0] and sd != hsd:
+            raise ValueError(
+                f"sharding_configs['sharding_degree'] = {sd} but hybrid_configs['sharding_degree'] = {hsd}; with "
+                "mp_degree/pp_degree > 1 the sharding group is hybrid_configs' axis: drop sharding_configs' "
+                f"sharding_degree (or set it to {hsd})")
+        if cfg["offload"] or cfg["wrap"]:
+            raise NotImplementedError(
+                "sharding_configs offload/wrap apply to stages 2 and 3 (FSDP2), which do not run with mp_degree/"
+                "pp_degree > 1; stage 1 (ZeroRedundancyOptimizer) shards only the optimizer state: drop them")
+        if cfg["dp_degree"] != 1 or cfg["hybrid_dp"]:
+            raise ValueError(
+                "sharding_configs['dp_degree'] / ['hybrid_dp'] are static-graph sharding's replicas; with "
+                "mp_degree/pp_degree > 1 set hybrid_configs['dp_degree'] instead and leave them at 1 / False")
 
     def _refused(self) -> tuple[str, Any, Any] | None:
         """The first REFUSED field or key that is turned on: ``(path, value, Refusal)``, else None."""
@@ -313,14 +346,12 @@ class DistributedStrategy:
                 "fp16_allreduce, sharding stages 1-3, lamb, lars, localsgd, adaptive_localsgd and dgc.")
         hybrid = self._values["hybrid_configs"]
         sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
-        if self.sharding_enabled:
-            self._check_sharding(sd, world_size)
         hsd = hybrid["sharding_degree"]  # Paddle's dp_degree counts the replicas of a hybrid_configs sharding group
         model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
-        if model > 1 and (self.sharding_enabled or hsd > 1):
-            raise NotImplementedError(
-                "sharding combined with mp_degree/pp_degree > 1 is not implemented by fleetlite; turn sharding off "
-                "(hybrid_configs' dp_degree replicates instead) or set mp_degree = pp_degree = 1")
+        if self.sharding_enabled and model > 1:  # (hsd > 1 turns sharding on)
+            self._check_hybrid_sharding()
+        elif self.sharding_enabled:
+            self._check_sharding(sd, world_size)
         others = model * max(hsd, 1)
         if world_size % others:
             raise ValueError(

@@ -12,7 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DataAdapter", "describe_sizes"]
+from ...distributed.fleet.data_group import data_group
+
+__all__ = ["DataAdapter", "describe_sizes", "data_split", "check_data_split"]
+
+
+def data_split() -> dict[str, int]:
+    """``num_replicas`` and ``rank`` of the samplers the Trainer builds: the data group's (Note [data group] in
+    :mod:`fleetlite.distributed.fleet.data_group`: the dp group under mp/pp, else the world)."""
+    g = data_group()
+    return {"num_replicas": g.size, "rank": g.rank}
+
+
+def check_data_split(num_replicas: int, rank: int, what: str) -> None:
+    """Under a hybrid topology a sampler the user built must split over the data-parallel group only."""
+    g = data_group()
+    if g.hybrid and (num_replicas, rank) != (g.size, g.rank):
+        raise ValueError(f"{what} splits the data over {num_replicas} replicas (this rank {rank}), but under the "
+                         f"hybrid topology the ranks of one tensor-parallel group or pipeline must read the same "
+                         f"batches: split over the data-parallel group, num_replicas="
+                         f"hcg.get_data_parallel_world_size() ({g.size}), rank=hcg.get_data_parallel_rank() "
+                         f"({g.rank}); or pass the Dataset and let the Trainer split it")
 
 
 class DataAdapter:

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ...io.evaluation import find_batch_sampler
-from .base import DataAdapter
+from .base import DataAdapter, check_data_split
 from .loaders import TorchDistributedAdapter, split_plain_loader
 from .sampled import PipelineAdapter, SampledAdapter, dataset_adapter, is_tensor_pipeline
 from .tensors import TensorAdapter
@@ -37,12 +37,18 @@ def build_adapter(data: Any, batch_size: int = 32, *, shuffle: bool = False, dro
                              f"{[tuple(t.shape) for t in data]}")
         return TensorAdapter(data, batch_size, shuffle, drop_last, seed, pin_memory)
     if is_tensor_pipeline(data):
+        s = data.batch_sampler
+        if hasattr(s, "nranks"):  # Note [data group]
+            check_data_split(s.nranks, s.local_rank, f"the {role} TensorLoader's sampler")
         return PipelineAdapter(data)
     if isinstance(data, DataLoader):
         bs = find_batch_sampler(data)
         if bs is not None:
+            check_data_split(bs.nranks, bs.local_rank, f"the {role} DataLoader's DistributedBatchSampler")
             return SampledAdapter(data, bs)
         if TorchDistributedAdapter.accepts(data):
+            check_data_split(data.sampler.num_replicas, data.sampler.rank, f"the {role} DataLoader's "
+                             "DistributedSampler")
             return TorchDistributedAdapter(data)
         split = split_plain_loader(data, seed, role)
         return DataAdapter(data) if split is None else SampledAdapter(split, split.batch_sampler)

@@ -27,7 +27,7 @@ from ...distributed import collective
 from ...io.evaluation import torch_sampler_num_valid
 from ...io.sampler import DistributedBatchSampler
 from ...utils.user_warning import warn_once
-from .base import DataAdapter
+from .base import DataAdapter, data_split
 
 __all__ = ["TorchDistributedAdapter", "split_plain_loader"]
 
@@ -71,18 +71,20 @@ def split_plain_loader(loader: DataLoader, seed: int, role: str) -> DataLoader |
     the whole data: each sample trained once per rank. Loaders with another sampler are kept as they are,
     with a warning (once) that every rank reads all of it.
     """
-    if collective.get_world_size() == 1 or not collective.is_initialized():
+    split = data_split()  # Note [data group]: the data-parallel group under mp/pp
+    if split["num_replicas"] == 1 or not collective.is_initialized():
         return None
     plain = (type(loader.batch_sampler) is BatchSampler and type(loader.sampler) in (SequentialSampler, RandomSampler)
              and not isinstance(loader.dataset, IterableDataset))
     if not plain:
         warn_once(f"unsplit-{role}", f"fleetlite: the {role} DataLoader has a custom sampler and no distributed "
-                                     f"one, so each of the {collective.get_world_size()} ranks reads all of it; "
+                                     f"one, so each of the {split['num_replicas']} data-parallel ranks reads all "
+                                     "of it; "
                                      "give it a fleetlite.io.DistributedBatchSampler (or torch's "
                                      "DistributedSampler) to split it across ranks")
         return None
     sampler = DistributedBatchSampler(loader.dataset, loader.batch_size, shuffle=isinstance(loader.sampler,
-                                      RandomSampler), drop_last=loader.drop_last, seed=seed)
+                                      RandomSampler), drop_last=loader.drop_last, seed=seed, **split)
     kwargs = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                   timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
                   multiprocessing_context=loader.multiprocessing_context)

@@ -14,7 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ...io.sampler import DistributedBatchSampler
-from .base import DataAdapter
+from .base import DataAdapter, data_split
 
 __all__ = ["SampledAdapter", "PipelineAdapter", "dataset_adapter", "is_tensor_pipeline"]
 
@@ -69,7 +69,8 @@ def dataset_adapter(data: Any, batch_size: int, shuffle: bool, drop_last: bool, 
     ``__getitem__`` and collation, in ``num_workers`` processes when asked)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
-    sampler = DistributedBatchSampler(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+    sampler = DistributedBatchSampler(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                                      **data_split())  # Note [data group]
     return SampledAdapter(DataLoader(data, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory),
                           sampler)
 

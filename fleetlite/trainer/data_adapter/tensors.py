@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ...io.sampler import DistributedBatchSampler
+from .base import data_split
 from .sampled import SampledAdapter
 
 __all__ = ["TensorAdapter"]
@@ -41,7 +42,8 @@ class TensorAdapter(SampledAdapter):
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
         self.tensors = tuple(tensors)
         dataset = TensorDataset(*self.tensors)  # what the sampler and describe_sizes see
-        sampler = DistributedBatchSampler(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+        sampler = DistributedBatchSampler(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                                          **data_split())  # Note [data group]
         super().__init__(None, sampler)
         self.pin_memory = pin_memory
 

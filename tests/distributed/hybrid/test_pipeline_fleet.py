@@ -85,21 +85,23 @@ def _bad_fleet_configs(rank, world):
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
-    strategy.amp = True
+    strategy.recompute = True
+    strategy.recompute_configs = {"checkpoints": ["9"]}
     fleet.init(is_collective=True, strategy=strategy)
     msgs = []
-    for num_stages in (2, 1):  # amp refused; a one-stage layer under pp_degree 2 refused
+    for num_stages in (2, 1):  # a checkpoint no stage holds; a one-stage layer under pp_degree 2 refused
         layer = PipelineLayer([nn.Linear(2, 2), nn.Linear(2, 2)], num_stages=num_stages, loss_fn=nn.MSELoss())
         try:
             fleet.distributed_model(layer)
-        except (ValueError, NotImplementedError) as e:
+        except (ValueError, NotImplementedError, KeyError) as e:
             msgs.append(str(e))
-        strategy.amp = False
+        strategy.recompute = False
         fleet.init(is_collective=True, strategy=strategy)
     return msgs
 
 
 def test_bad_pipeline_configs_fail_with_one_line():
-    for amp_msg, stages_msg in run_ranks(_bad_fleet_configs, world_size=2, timeout=60):
-        assert "['amp']" in amp_msg and "\n" not in amp_msg
+    for recompute_msg, stages_msg in run_ranks(_bad_fleet_configs, world_size=2, timeout=60):
+        # strategy amp/recompute/sync_batch_norm run with a PipelineLayer (test_pipeline_strategy.py)
+        assert "['9'] name no submodule of any pipeline stage" in recompute_msg and "\n" not in recompute_msg
         assert "1 stages but hybrid_configs['pp_degree'] is 2" in stages_msg and "\n" not in stages_msg

@@ -108,7 +108,8 @@ def _bad(rank, world, hybrid):
     ({"dp_degree": 2, "mp_degree": 2}, "dp_degree'] = 2 does not fit 2 ranks"),
     ({"mp_degree": 4}, "do not divide the 2 ranks"),
     ({"sep_degree": 2}, "sequence parallelism"),
-    ({"mp_degree": 2, "sharding_degree": 2}, "sharding combined with mp_degree/pp_degree > 1 is not implemented"),
+    # sharding next to mp runs (stage 1, test_hybrid_sharding.py); mp 2 x sharding 2 needs 4 ranks
+    ({"mp_degree": 2, "sharding_degree": 2}, "mp 2 x pp 1 x sharding 2 x sep 1 = 4 do not divide the 2 ranks"),
 ])
 def test_bad_degrees_fail_at_init_with_one_line(hybrid, match):
     for kind, text in run_ranks(_bad, args=(hybrid,), expect_failure=True, timeout=100).values():

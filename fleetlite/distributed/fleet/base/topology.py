@@ -11,6 +11,18 @@ also how torch lays out a ``DeviceMesh``: the mesh dimension named ``"mp"``
 holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
 *are* the mesh's groups (created once, in the same order on every rank).
 
+# Note [sharding with mp and pp]
+With ``sharding_degree`` > 1 (sharding stage 1) next to mp/pp, or next to dp alone, the sharding axis
+splits the data as dp does: the ranks of one dp × sharding group hold the same parameters (the same mp
+slices of the same pipeline stage) and read different data, so gradients are averaged over dp × sharding
+(the data-parallel engine: over that group under mp, over all ranks without mp/pp;
+``PipelineParallel._reduce_gradients`` under pp), and each rank of the sharding group keeps the optimizer
+state of its part of the parameters (``ZeroRedundancyOptimizer`` over the sharding group; the updated
+parameters are broadcast inside it after the step). Every sharding rank then holds full, equal gradients,
+so one copy of the model is mp × pp × sep of one dp *and* sharding coordinate: the global norm adds the
+slices over that group (``_get_replica_group``), not over Paddle's check group, which spans the sharding
+axis too (Paddle's stage 1 keeps only the owner's gradients).
+
 Example::
 
     from fleetlite.distributed.fleet import CommunicateTopology
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 from functools import reduce
 from itertools import product
 from typing import Any
@@ -207,22 +220,87 @@ class HybridCommunicateGroup:
             self._check_group = self._new_groups_along("data", check)
         else:
             self._check_group = None
+        self._sharding_groups(initialized)
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self._pp_degree - 1
+        self._p2p_groups: tuple[Any, Any, Any, Any] | None = None
         if self._pp_degree > 1:
             pipe = self._lists["pipe"]
             idx = pipe.index(self.global_rank)
             self.next_rank, self.prev_rank = pipe[(idx + 1) % len(pipe)], pipe[(idx - 1) % len(pipe)]
+            # Paddle's switch for the four-direction p2p groups, read where Paddle reads it (topology.py)
+            if initialized and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
+                self._p2p_groups = self._four_directions_p2p_groups()
         logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, dim)
         global _HYBRID_PARALLEL_GROUP
         _HYBRID_PARALLEL_GROUP = self
 
-    def _new_groups_along(self, axis: str, mine: list[int]) -> Any:
+    def _four_directions_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
+        """Paddle's ``_set_four_directions_p2p_group``: a 2-rank group per neighbouring pair and direction."""
+        send_next = send_prev = recv_next = recv_prev = None
+        for ranks in self._topo.get_comm_list("pipe"):
+            for idx, curr in enumerate(ranks):
+                nxt, prev = ranks[(idx + 1) % len(ranks)], ranks[(idx - 1) % len(ranks)]
+                group = tdist.new_group(ranks=sorted({curr, nxt}))
+                if self.global_rank == curr:
+                    send_next = group
+                elif self.global_rank == nxt:
+                    recv_prev = group
+                group = tdist.new_group(ranks=sorted({prev, curr}))
+                if self.global_rank == curr:
+                    send_prev = group
+                elif self.global_rank == prev:
+                    recv_next = group
+        return send_next, send_prev, recv_next, recv_prev
+
+    def _sharding_groups(self, initialized: bool) -> None:
+        """The groups sharding adds (Note [sharding with mp and pp]); created only when sharding_degree > 1.
+
+        ``_data_sharding_group``: dp × sharding, the ranks that hold the same parameters and see different
+        data; ``_replica_group``: mp × pp × sep, the ranks that together hold one copy of the model;
+        ``_sharding_check_group``: the ranks with this rank's sharding coordinate (Paddle's
+        ``sharding_check_group``). Without sharding they are the dp group, the check group and the world.
+        """
+        names = self._topo.get_hybrid_group_names()
+        self._data_sharding_group, self._replica_group = self._group("data"), self._check_group
+        self._sharding_check_group = tdist.group.WORLD if initialized else None
+        if self._sharding_degree == 1 or not initialized:
+            return
+        self._data_sharding_group = self._group("sharding") if self._dp_degree == 1 else \
+            self.create_fuse_group(["data", "sharding"])[1]
+        others = [n for n in names if n not in ("data", "sharding")]
+        self._replica_group = self.create_fuse_group(others)[1] if others else None
+        self._sharding_check_group = self._new_groups_along("sharding", self._topo.get_axis_list(
+            "sharding", self._sharding_parallel_id), self._sharding_degree)
+
+    def create_fuse_group(self, fused_strategy_list: list[str]) -> tuple[list[int], Any]:
+        """Paddle's ``create_fuse_group``: one process group per position on the other axes, spanning the axes
+        in ``fused_strategy_list`` (Paddle's names, e.g. ``["data", "sep"]``); returns ``(ranks, group)`` of
+        this rank's. Collective: every rank calls it with the same list (each call creates new groups).
+
+        Example::
+
+            ranks, group = hcg.create_fuse_group(["pipe", "model"])   # the mp × pp ranks of this replica
+        """
+        if not fused_strategy_list:
+            raise ValueError("create_fuse_group needs at least one axis name (e.g. ['data', 'sep'])")
+        for n in fused_strategy_list:
+            self._topo._axis(n)  # an unknown name fails with the topology's axes
+        mine: tuple[list[int], Any] | None = None
+        for ranks in sorted(self._topo.get_fused_ranks(list(fused_strategy_list))):
+            group = tdist.new_group(ranks=ranks) if tdist.is_initialized() else None
+            if self.global_rank in ranks:
+                mine = (ranks, group)
+        assert mine is not None
+        return mine
+
+    def _new_groups_along(self, axis: str, mine: list[int], degree: int | None = None) -> Any:
         """One group per position on ``axis`` (all created on every rank, in order); this rank's one."""
-        if "data" not in self._topo.get_hybrid_group_names() or self._dp_degree == 1:
+        degree = self._dp_degree if degree is None else degree
+        if axis not in self._topo.get_hybrid_group_names() or degree == 1:
             return tdist.group.WORLD
         out = None
-        for idx in range(self._dp_degree):
+        for idx in range(degree):
             ranks = self._topo.get_axis_list(axis, idx)
             group = tdist.new_group(ranks=ranks)
             if ranks == mine:
@@ -297,10 +375,32 @@ class HybridCommunicateGroup:
         return self._topo.get_rank_from_stage(self.global_rank, pipe=stage_id, **kwargs)
 
     def _get_p2p_next_rank(self) -> int:
+        """The next stage's rank in this rank's pipeline (the first stage's after the last, as Paddle)."""
+        self._check_pipe("_get_p2p_next_rank")
         return self.next_rank
 
     def _get_p2p_prev_rank(self) -> int:
+        self._check_pipe("_get_p2p_prev_rank")
         return self.prev_rank
+
+    def _check_pipe(self, what: str) -> None:
+        if self._pp_degree == 1:
+            raise RuntimeError(f"hcg.{what}() needs a pipeline, but pp_degree is 1 (no next/previous stage); set "
+                               "hybrid_configs['pp_degree'] > 1")
+
+    def get_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
+        """Paddle's four-direction p2p groups ``(send_next, send_prev, recv_next, recv_prev)``: 2-rank groups
+        built at construction when ``PADDLE_USE_FOUR_DIRECTIONS_P2P=1`` is set and pp_degree > 1, as in Paddle.
+
+        Example::
+
+            send_next, send_prev, recv_next, recv_prev = hcg.get_p2p_groups()
+        """
+        if self._p2p_groups is None:
+            raise RuntimeError("hcg.get_p2p_groups() needs the four-direction p2p groups, built only with "
+                               "PADDLE_USE_FOUR_DIRECTIONS_P2P=1 in the environment and pp_degree > 1 (as in Paddle); "
+                               "set it before fleet.init, or send over hcg.get_pipe_parallel_group()")
+        return self._p2p_groups
 
     # sharding parallel
     def get_sharding_parallel_rank(self) -> int:
@@ -314,6 +414,44 @@ class HybridCommunicateGroup:
 
     def get_sharding_parallel_group_src_rank(self) -> int:
         return self._lists["sharding"][0]
+
+    # data × sharding: the ranks that split the data (Note [sharding with mp and pp]); fleetlite's names
+    def get_data_sharding_parallel_rank(self) -> int:
+        """Which part of the data this rank reads: ``dp_rank * sharding_degree + sharding_rank`` (PaddleNLP's
+        ``dataset_rank``); the data-parallel rank without sharding.
+
+        Example::
+
+            part = hcg.get_data_sharding_parallel_rank()      # of hcg.get_data_sharding_parallel_world_size()
+        """
+        return self._data_parallel_id * self._sharding_degree + self._sharding_parallel_id
+
+    def get_data_sharding_parallel_world_size(self) -> int:
+        return self._dp_degree * self._sharding_degree
+
+    def get_data_sharding_parallel_group(self) -> Any:
+        """The dp × sharding ranks (same parameters, different data): gradients are averaged over it."""
+        return self._data_sharding_group
+
+    # Paddle's fused groups of sep: built only with sep_degree > 1 there, which fleetlite does not run
+    def get_dp_sep_parallel_group(self) -> Any:
+        raise RuntimeError("hcg.get_dp_sep_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
+                           "fleetlite does not implement; for a dp x sep-like group call "
+                           "hcg.create_fuse_group(['data', 'sep'])[1] on every rank")
+
+    def get_pp_mp_parallel_group(self) -> Any:
+        raise RuntimeError("hcg.get_pp_mp_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
+                           "fleetlite does not implement; call hcg.create_fuse_group(['pipe', 'model'])[1] on every "
+                           "rank for the mp x pp group")
+
+    def _check_valid_topo(self) -> bool:
+        """Paddle's check: the degrees multiply to the world size."""
+        return (self._dp_degree * self._mp_degree * self._pp_degree * self._sharding_degree * self._sep_degree
+                == self.nranks)
+
+    def _get_replica_group(self) -> Any:
+        """mp × pp × sep of this rank's dp and sharding coordinates: the ranks holding one copy of the model."""
+        return self._replica_group
 
     # sequence (segment) parallel
     def get_sep_parallel_rank(self) -> int:
@@ -330,8 +468,9 @@ class HybridCommunicateGroup:
 
     # the group that sees every parameter once: global-norm clipping and the amp inf/nan check
     def get_check_parallel_group(self, sharding: bool = False) -> Any:
-        """All ranks of this data-parallel replica (mp × pp × sharding × sep): Paddle's check/clip group."""
-        return self._check_group
+        """All ranks of this data-parallel replica (mp × pp × sharding × sep): Paddle's check/clip group;
+        ``sharding=True``: the ranks with this rank's sharding coordinate (Paddle's sharding check group)."""
+        return self._sharding_check_group if sharding else self._check_group
 
     def __repr__(self) -> str:
         return (f"HybridCommunicateGroup(rank={self.global_rank}, dp={self._dp_degree}, pp={self._pp_degree}, "

@@ -39,7 +39,7 @@ def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor
     device = params[0].grad.device if params else torch.device("cpu")
     split = _sq([p.grad for p in params if is_split(p)], device)
     replicated = _sq([p.grad for p in params if not is_split(p) and getattr(p, "is_firstly_shared", True)], device)
-    check, pipe = hcg.get_check_parallel_group(), hcg.get_pipe_parallel_group()
+    check, pipe = hcg._get_replica_group(), hcg.get_pipe_parallel_group()  # Note [sharding with mp and pp]
     if check is not None and group_size(check) > 1:
         tdist.all_reduce(split, group=check)
     if pipe is not None and group_size(pipe) > 1:

@@ -47,7 +47,7 @@ class TensorParallel(DataParallel):
         if mp_group is not None and hcg.get_model_parallel_world_size() > 1:
             replicated = [p for p in layers.parameters() if not is_split(p)] + list(layers.buffers())
             broadcast_coalesced([t.data for t in replicated], mp_group)
-        super().__init__(layers, group=hcg.get_data_parallel_group(), **dp_kwargs)
+        super().__init__(layers, group=hcg.get_data_sharding_parallel_group(), **dp_kwargs)  # dp × sharding
         self._hcg = hcg
         self._strategy = strategy
 

@@ -33,7 +33,8 @@ def fused_allreduce_gradients(parameter_list: Iterable[torch.Tensor], hcg=None) 
         fused_allreduce_gradients(list(model.parameters()), None)
         opt.step()
     """
-    group = hcg.get_data_parallel_group() if hcg is not None else None
+    # with sharding the ranks holding the same parameters are dp × sharding (Note [sharding with mp and pp])
+    group = getattr(hcg, "get_data_sharding_parallel_group", hcg.get_data_parallel_group)() if hcg is not None else None
     params, seen = [], set()
     for p in parameter_list:
         if not isinstance(p, torch.Tensor):

@@ -113,7 +113,8 @@ class PipelineParallel(WrappedModel):
                 raise ValueError(f"this rank is stage {hcg.get_stage_id()} of {hcg.get_pipe_parallel_world_size()} in "
                                  f"the hybrid topology but stage {layers.get_stage_id()} of {layers.get_num_stages()} "
                                  "in the PipelineLayer; build it with PipelineLayer(..., topology=hcg.topology())")
-            dp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
+            # the ranks that hold this stage and read other data: dp × sharding (Note [sharding with mp and pp])
+            dp = hcg.get_data_sharding_parallel_group() if hcg.get_data_sharding_parallel_world_size() > 1 else None
             return hcg.get_pipe_parallel_group(), dp
         pipelines, rank = layers._layout.pipelines, td.get_rank()
         pp_group = dp_group = None
@@ -203,7 +204,8 @@ class PipelineParallel(WrappedModel):
 
     @torch.no_grad()
     def _reduce_gradients(self) -> None:
-        """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel."""
+        """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel
+        (dp × sharding: Note [sharding with mp and pp])."""
         self._layers.allreduce_shared_weight_gradients()
         if self.dp_group is None:
             return
@@ -227,13 +229,14 @@ class PipelineParallel(WrappedModel):
         (Paddle's ``grad_clip=``) is applied after the gradient reductions, the global norm across all stages.
         With ``scaler`` (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank),
         the last stage scales each micro-batch's loss and every stage steps through ``scaler.step`` /
-        ``scaler.update``.
+        ``scaler.update``. Under strategy ``amp`` with float16 a ``fleet.distributed_optimizer`` brings its own
+        scaler (pass none): Note [pipeline strategies].
         """
-        scaler = self._check_scaler(scaler)
+        scaler, amp = self._check_scaler(scaler, optimizer)
         self.train()
         if scaler is not None:
             # stages that never see the loss never call scale(): create the lazily made scale on every stage
-            scaler.scale(torch.ones((), device=self._stage.device))
+            (amp or scaler).scale(torch.ones((), device=self._stage.device))
         self._scaler = scaler
         try:
             loss, _ = self._run(data, train=True, compute_loss=True)
@@ -243,10 +246,10 @@ class PipelineParallel(WrappedModel):
         # fleet.distributed_optimizer clips in its own step hook (hybrid_clip) under pp: do not clip twice
         clip = getattr(optimizer, "_grad_clip", None) if getattr(optimizer, "hybrid_clip", None) is None else None
         if clip is not None:
-            if scaler is not None:
+            if scaler is not None and amp is None:
                 scaler.unscale_(optimizer)
             self._clip_gradients(clip)
-        if scaler is not None:
+        if scaler is not None and amp is None:
             scaler.step(optimizer)
             scaler.update()
         else:
@@ -281,15 +284,26 @@ class PipelineParallel(WrappedModel):
         for p in params:
             p.grad.mul_(coef.to(p.grad.dtype))
 
-    def _check_scaler(self, scaler: Any) -> Any:
+    def _check_scaler(self, scaler: Any, optimizer: Any) -> tuple[Any, Any]:
+        """(the scaler of this batch, the optimizer's AmpHelper when it scales and steps itself, else None).
+
+        A ``fleet.distributed_optimizer`` under strategy ``amp`` with float16 owns a scaler (Note [pipeline
+        strategies]): the losses are scaled with it and its ``step`` unscales, skips and updates.
+        """
+        amp = getattr(optimizer, "amp", None)
+        own = amp if getattr(amp, "uses_scaler", False) else None
         if scaler is None or not scaler.is_enabled():
-            return None
+            return (own.scaler, own) if own is not None else (None, None)
+        if own is not None:
+            raise ValueError("train_batch got a scaler, but the optimizer comes from fleet.distributed_optimizer "
+                             "under strategy.amp with float16 and scales the loss itself; drop scaler= (or turn "
+                             "strategy.amp off and keep fleet.distributed_scaler(...))")
         from ...amp import DistGradScaler
 
         if not isinstance(scaler, DistGradScaler) and td.get_world_size() > 1:
             raise TypeError(f"train_batch got a {type(scaler).__name__}, whose inf/nan skip would differ between "
                             "stages; pass fleet.distributed_scaler(scaler)")
-        return scaler
+        return scaler, None
 
     @torch.no_grad()
     def eval_batch(self, data: Sequence[Any], compute_loss: bool = False) -> Any:

@@ -50,25 +50,18 @@ def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None, writi
     """``{"model": ..., "optim": ...}`` for DCP (``optim`` absent without an optimizer; Note [stage 1 in DCP],
     Note [hybrid checkpoints]). ``flat``: the optimizer in torch's flattened form (default: for hybrid modules);
     ``writing``: the state to save (else the one a load fills)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     hybrid = hybrid_state.is_hybrid_module(module)
     flat = hybrid if flat is None else flat
     if hybrid:
         return hybrid_state.dcp_state(module, optimizer, flat=flat, writing=writing)
     state = {"model": get_model_state_dict(module)}
-    if optimizer is not None:
+    if optimizer is not None and flat:  # (stage 1: this rank's partition, Note [hybrid DCP state])
+        state["optim"] = hybrid_state.flat_optimizer_state(module, optimizer)
+    elif optimizer is not None:
         opt, zero = _split(optimizer)
-        if flat and zero is not None:
-            raise ValueError("sharding stage 1 keeps its optimizer state in the nested form; flat=True does not apply")
-        state["optim"] = get_optimizer_state_dict(module, opt, options=StateDictOptions(
-            flatten_optimizer_state_dict=flat))
-        if flat:
-            return state
+        state["optim"] = get_optimizer_state_dict(module, opt)
         if zero is not None:  # every rank's parameters, the global hyperparameters (an LR schedule sets them)
             names = _names(module)
             state["optim"]["param_groups"] = [
@@ -81,19 +74,14 @@ def app_state(module: nn.Module, optimizer: Any, flat: bool | None = None, writi
 def load_app_state(module: nn.Module, optimizer: Any, path: Path) -> None:
     """Load the model (and the optimizer, unless None) shards of the directory ``path`` (collective; a
     checkpoint of any strategy or hybrid degrees, Note [hybrid checkpoints])."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     validate(path)  # (a clear error before its keys are read)
     flat = optimizer is not None and hybrid_state.has_flat_optimizer(saved_keys(path))
-    if flat and _split(optimizer)[1] is not None:
-        raise CheckpointError(path, "its optimizer state was written by a tensor/pipeline-parallel run, which "
-                                    "sharding stage 1 cannot read; load its weights only (Trainer.load(path, "
-                                    "reset_optimizer=True)) or resume without sharding")
-    app = app_state(module, optimizer, flat=flat)
+    try:
+        app = app_state(module, optimizer, flat=flat)
+    except ValueError as e:
+        raise CheckpointError(path, str(e)) from None
     hybrid = hybrid_state.is_hybrid_module(module)
     load(app, path, subset=hybrid)  # a pipeline stage reads its own layers' entries
     if hybrid:
@@ -105,11 +93,13 @@ def load_app_state(module: nn.Module, optimizer: Any, path: Path) -> None:
     set_model_state_dict(module, app["model"])
     if optimizer is None:
         return
+    if flat:
+        hybrid_state.load_flat_optimizer_state(module, optimizer, app["optim"])
+        return
     opt, zero = _split(optimizer)
     if zero is None:
         with groups_kept(opt):  # Note [shared parameter groups]
-            set_optimizer_state_dict(module, opt, app["optim"],
-                                     options=StateDictOptions(flatten_optimizer_state_dict=flat))
+            set_optimizer_state_dict(module, opt, app["optim"])
         return
     saved, names = app["optim"], _names(module)  # into this rank's partition (Note [stage 1 in DCP])
     index, groups, state = 0, [], {}

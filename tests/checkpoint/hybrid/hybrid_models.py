@@ -77,20 +77,20 @@ def batches(n=6, rows=8):
     return Batches(n, rows)
 
 
-def init_fleet(dp=1, mp=1, pp=1, pipeline=None):
+def init_fleet(dp=1, mp=1, pp=1, pipeline=None, sharding=1):
     fleet_impl._reset()
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": mp, "pp_degree": pp}
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": mp, "pp_degree": pp, "sharding_degree": sharding}
     if pipeline:
         strategy.pipeline_configs = pipeline
     fleet.init(is_collective=True, strategy=strategy)
     return fleet.get_hybrid_communicate_group()
 
 
-def tp_trainer(mp=2, dp=1, lr=0.05, dropout=False):
+def tp_trainer(mp=2, dp=1, lr=0.05, dropout=False, sharding=1):
     """A Trainer over ``TPNet`` (mp > 1) or ``RefNet`` (mp = 1), seeded alike: the same full initial weights;
-    ``dropout``: ``TPDropNet``, the tracker seeded afresh."""
-    init_fleet(dp=dp, mp=mp)
+    ``dropout``: ``TPDropNet``, the tracker seeded afresh; ``sharding``: stage 1 over that many ranks."""
+    init_fleet(dp=dp, mp=mp, sharding=sharding)
     if dropout:
         model_parallel_random_seed(5)
     torch.manual_seed(0)
@@ -126,9 +126,9 @@ def pipe_descs():
 PIPE = {"accumulate_steps": 2, "micro_batch_size": 4}
 
 
-def pipe_layer(topology=None, num_stages=None):
+def pipe_layer(loss, topology=None, num_stages=None):
     torch.manual_seed(0)  # the stages' layers draw in order from one seed: load a common start instead
-    return PipelineLayer(pipe_descs(), num_stages=num_stages, topology=topology, loss_fn=nn.CrossEntropyLoss())
+    return PipelineLayer(pipe_descs(), num_stages=num_stages, topology=topology, loss_fn=loss)
 
 
 def pipe_batch(step, rows=8):
@@ -144,9 +144,10 @@ def start_weights():
 
 def pp_trainer(dp=1, pp=2):
     hcg = init_fleet(dp=dp, pp=pp, pipeline=PIPE)
-    layer = pipe_layer(topology=hcg.topology())
+    loss = nn.CrossEntropyLoss()  # the PipelineLayer's loss_fn is the Trainer's loss (one object)
+    layer = pipe_layer(loss, topology=hcg.topology())
     layer.load_state_dict({k: v for k, v in start_weights().items() if k in layer.state_dict()})
-    return fleetlite.Trainer(layer, torch.optim.AdamW(layer.parameters(), lr=0.05), nn.CrossEntropyLoss())
+    return fleetlite.Trainer(layer, torch.optim.AdamW(layer.parameters(), lr=0.05), loss)
 
 
 def pp_steps(trainer, start, stop):

@@ -9,6 +9,11 @@ only (the other stage has none: over the world it would hang).
 mp2 x pp2 (tensor-parallel layers inside stages): the full state is the single-process model's (the weights it
 was built from, exactly), and its DCP state, saved after two steps, holds the full weights then (read offline)
 and loads back into a fresh mp2 x pp2 model, each rank's slices and optimizer state ``torch.equal``.
+
+mp2 x sharding2 (stage 1: each sharding rank holds the AdamW state of part of the parameters), with a StepLR
+stepped per batch: stopped mid-epoch and resumed, the weights, each rank's optimizer partition and the learning
+rate (the partition's groups take it only at their next step: the checkpoint holds the scheduler's) equal the
+uninterrupted run's; the checkpoint loads into one process (the saved full weights).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from fleetlite.checkpoint.torch_state import app_state, load_app_state
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import is_split
 from fleetlite.testing import run_ranks
+from fleetlite.trainer import callbacks as C
 
 
 def _save_then_load_on_dp4(rank, world, root):
@@ -129,3 +135,41 @@ def test_mp2_pp2_full_state_and_checkpoint(tmp_path):
     saved = ckpt.load_full(tmp_path / "mp_pp")
     for k, v in out[0][2].items():
         assert torch.equal(saved[k], v), k
+
+
+def _mp_sharding(rank, world, root):
+    root = Path(root)
+
+    def fit(save_dir, **kw):
+        t = tp_trainer(mp=2, sharding=2)
+        t.setup(training=True)
+        sched = torch.optim.lr_scheduler.StepLR(t.user_optimizer, step_size=1, gamma=0.5)
+        t.fit(batches(), epochs=2, callbacks=[C.LRScheduler(sched, by_step=True)], save_dir=save_dir, verbose=0, **kw)
+        inner = t.optimizer.inner_opt
+        assert hasattr(inner, "consolidate_state_dict")  # the ZeroRedundancyOptimizer: stage 1 really runs
+        state = {k: {n: v.clone() for n, v in e.items()} for k, e in inner.optim.state_dict()["state"].items()}
+        return t.get_weights(), state, [g["lr"] for g in t.optimizer.param_groups]
+
+    whole = fit(root / "whole")
+    fit(root / "cut", num_iters=3)
+    resumed = fit(root / "cut", resume="latest")
+    return whole, resumed
+
+
+@pytest.mark.timeout(600)
+def test_mp2_sharding2_resumes_bit_identically_and_loads_into_one_process(tmp_path, clean_dist_env):
+    out = run_ranks(_mp_sharding, world_size=4, args=(str(tmp_path),), timeout=500)
+    for whole, resumed in out:
+        assert whole[0].keys() == resumed[0].keys()
+        for k, v in whole[0].items():
+            assert torch.equal(resumed[0][k], v), k
+        assert whole[1].keys() == resumed[1].keys() and whole[1]  # this rank's partition
+        for i in whole[1]:
+            for n in whole[1][i]:
+                assert torch.equal(resumed[1][i][n], whole[1][i][n]), (i, n)
+        assert resumed[2] == whole[2] == [0.05 * 0.5 ** 12]  # 12 steps, each halving it
+        assert 0 < len(whole[1]) < 4  # the AdamW state of part of TPNet's 4 parameters
+    t = tp_trainer(mp=1)
+    t.load(tmp_path / "whole" / "epoch-0001")  # saved at the end: the uninterrupted run's final weights
+    for k, v in t.get_weights().items():
+        assert torch.equal(v, out[0][0][0][k]), k

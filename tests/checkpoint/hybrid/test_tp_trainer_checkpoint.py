@@ -164,30 +164,36 @@ def _reshard_to_dp2(rank, world, root, saved_mid):
         t.fit(batches(), epochs=EPOCHS, resume=saved_mid, verbose=0)
     except CheckpointError as e:
         refused = str(e)
-    fleet_impl._reset()  # sharding stage 1 over both ranks: its optimizer cannot take the hybrid (flattened) state
+    fleet_impl._reset()  # sharding stage 1 over both ranks: each rank's partition takes its parameters' state
     net = RefNet()
-    t = fleetlite.Trainer(net, torch.optim.AdamW(net.parameters()), torch.nn.CrossEntropyLoss(),
+    t = fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=0.05), torch.nn.CrossEntropyLoss(),
                           strategy={"sharding": True, "sharding_configs": {"stage": 1}})
-    try:
-        t.load(Path(root) / "epoch" / "epoch-0000")
-        stage1 = None
-    except CheckpointError as e:
-        stage1 = str(e)
-    t.load(Path(root) / "epoch" / "epoch-0000", reset_optimizer=True)
-    return weights, refused, stage1, t.get_weights()
+    t.load(Path(root) / "epoch" / "epoch-0000")
+    partition = {k: v["exp_avg"].clone() for k, v in t.optimizer.inner_opt.optim.state_dict()["state"].items()}
+    names = [n for n, p in net.named_parameters() if any(p is q for g in t.optimizer.inner_opt.optim.param_groups
+                                                           for q in g["params"])]
+    return weights, refused, t.get_weights(), dict(zip(names, partition.values()))
 
 
 @pytest.mark.timeout(500)
-def test_mp2_checkpoint_loads_into_dp2_and_mid_epoch_resume_on_other_degrees_is_refused(mp2):
+def test_mp2_checkpoint_loads_into_dp2_and_stage1_and_mid_epoch_resume_on_other_degrees_is_refused(mp2, clean_dist_env):
     root, out = mp2
     mid = str(root / "mid" / "step-00000003")
-    for weights, refused, stage1, stage1_weights in run_ranks(_reshard_to_dp2, world_size=2, args=(str(root), mid),
-                                                              timeout=300):
+    ref = RefNet()  # the mp2 run's AdamW moments at the epoch end, whole (mp 2 -> 1 in one process)
+    opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
+    fleetlite.Trainer(ref, opt, torch.nn.CrossEntropyLoss()).load(root / "epoch" / "epoch-0000")
+    whole = {n: opt.state[p]["exp_avg"] for n, p in ref.named_parameters()}
+    seen = set()
+    for weights, refused, stage1_weights, partition in run_ranks(_reshard_to_dp2, world_size=2,
+                                                                 args=(str(root), mid), timeout=300):
         _equal(weights, out[0]["at_epoch_0"])
         _equal(stage1_weights, out[0]["at_epoch_0"])
-        assert stage1 is not None and "sharding stage 1" in stage1 and "reset_optimizer=True" in stage1
+        for name, exp_avg in partition.items():  # stage 1: this rank's parameters' moments
+            assert torch.equal(exp_avg, whole[name]), name
+        seen |= set(partition)
         assert refused is not None and "dp=1 x mp=2 x pp=1" in refused and "dp=2 x mp=1 x pp=1" in refused
         assert "epoch end" in refused
+    assert seen == set(whole)  # the two partitions cover the model
 
 
 def _file_into_mp2(rank, world, path):

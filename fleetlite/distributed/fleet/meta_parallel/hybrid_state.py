@@ -22,7 +22,10 @@ the stages sharing a weight hold equal values under the same key, written once. 
 stages (``SharedLayerDesc``) is written by its first holder alone (``is_firstly_shared``): only its shared
 weight is kept equal across stages, and its other parameters (a bias) are the first holder's, as in the full
 state. Any layout reads it back:
-another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards).
+another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards). Under sharding
+stage 1 (a ``ZeroRedundancyOptimizer``) each rank's partition optimizer writes the keys of its own parameters
+(Note [stage 1 in DCP]) and a load fills them alike, then gives the loaded hyperparameters to the groups the
+user's LR scheduler drives.
 
 Example::
 
@@ -45,7 +48,7 @@ from .mp_layers import is_split
 from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
-           "has_flat_optimizer"]
+           "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state"]
 
 _FLAT = "flatten_optimizer_state_dict"
 
@@ -170,6 +173,39 @@ def _options(flat: bool) -> Any:
     return StateDictOptions(**{_FLAT: flat})
 
 
+def _stepping(optimizer: Any) -> tuple[Any, Any]:
+    """(the torch optimizer whose state a rank holds, stage 1's ``ZeroRedundancyOptimizer`` or None)."""
+    inner = _torch_optimizer(optimizer)
+    return (inner.optim, inner) if hasattr(inner, "consolidate_state_dict") else (inner, None)
+
+
+def flat_optimizer_state(module: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """This rank's optimizer state in torch's flattened form (stage 1: its partition's parameters, with the
+    hyperparameters of the groups an LR scheduler drives: the partition gets them only at its next step)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    opt, zero = _stepping(optimizer)
+    if zero is not None:
+        for group, part in zip(zero.param_groups, opt.param_groups):
+            part.update({k: v for k, v in group.items() if k != "params"})
+    return get_optimizer_state_dict(module, opt, options=_options(True))
+
+
+def load_flat_optimizer_state(module: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Load a flattened optimizer state (plain tensors) into ``optimizer``; under stage 1 into this rank's
+    partition, whose loaded hyperparameters then go to the groups an LR scheduler drives."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    from ....parallel.sharded.rebuild import groups_kept
+
+    opt, zero = _stepping(optimizer)
+    with groups_kept(opt):  # Note [shared parameter groups]
+        set_optimizer_state_dict(module, opt, state, options=_options(True))
+    if zero is not None:
+        for group, loaded in zip(zero.param_groups, opt.param_groups):
+            group.update({k: v for k, v in loaded.items() if k != "params" and k in group})
+
+
 def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writing: bool = False) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}`` of a hybrid ``module`` for DCP (Note [hybrid DCP state]); ``optim`` absent
     without an optimizer. ``flat=False``: the optimizer in torch's nested form (to read a checkpoint written so).
@@ -188,7 +224,11 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
     state: dict[str, Any] = {"model": {k: v for k, v in sharded_state_dict(module).items() if k not in copies}}
     if optimizer is None:
         return state
-    osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(flat))
+    if not flat and _stepping(optimizer)[1] is not None:
+        raise ValueError("a checkpoint in the nested optimizer form cannot be read into sharding stage 1 under "
+                         "tensor/pipeline parallelism; load its weights only (reset_optimizer=True)")
+    osd = flat_optimizer_state(module, optimizer) if flat else \
+        get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(False))
     params = {n: p for n, p in module.named_parameters() if is_split(p)}
     meshes: dict[int, Any] = {}
 
@@ -239,9 +279,12 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
     load_sharded_state_dict(module, state["model"])
     if optimizer is None or "optim" not in state:
         return
+    if flat:
+        load_flat_optimizer_state(module, optimizer, _to_local(state["optim"]))
+        return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
-        set_optimizer_state_dict(module, opt, _to_local(state["optim"]), options=_options(flat))
+        set_optimizer_state_dict(module, opt, _to_local(state["optim"]), options=_options(False))
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:

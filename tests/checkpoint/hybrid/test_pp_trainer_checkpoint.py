@@ -1,6 +1,7 @@
 """Trainer checkpoints of a pipeline-parallel model (pp = 2, 2 ranks; a weight tied across the two stages):
 ``full_state_dict`` / ``load_full_state_dict``, DCP directories through ``Trainer.save``/``Trainer.load`` (the
-steps driven by ``train_batch``), the reshard to pp = 1 and the export.
+steps driven by ``train_batch``) and through ``fit(save_dir=..., resume=...)`` (at an epoch end and mid-epoch),
+the reshard to pp = 1 and the export.
 
 References: the single-process model ``PipelineLayer(the same descs, num_stages=1)`` (its state is the full
 state; it takes the pp = 2 checkpoint), the uninterrupted run (``torch.equal`` weights and optimizer state), the
@@ -24,6 +25,7 @@ from hybrid_models import (
     single_pipe_trainer,
     start_weights,
 )
+from torch.utils.data import TensorDataset
 
 import fleetlite.checkpoint as ckpt
 from fleetlite.testing import run_ranks
@@ -116,3 +118,39 @@ def test_export_holds_every_stage(pp2, clean_dist_env):
     root, out = pp2
     net = load_safetensors(PipelineLayer(pipe_descs(), num_stages=1), root / "pp.safetensors")
     _equal(net.state_dict(), out[0]["whole"])
+
+
+def _fit_runs(rank, world, root):
+    root = Path(root)
+    g = torch.Generator().manual_seed(11)
+    data = TensorDataset(torch.randn(48, 6, generator=g), torch.randint(0, 6, (48,), generator=g))
+    out = {}
+
+    def fit(save_dir, **kw):
+        t = pp_trainer()
+        t.fit(data, epochs=2, batch_size=8, save_dir=save_dir, verbose=0, **kw)
+        return t.get_weights(), opt_state(t)
+
+    out["whole"] = fit(root / "whole")
+    t = pp_trainer()
+    t.fit(data, epochs=1, batch_size=8, save_dir=root / "epoch", verbose=0)
+    out["epoch"] = fit(root / "epoch", resume="latest")
+    fit(root / "mid", num_iters=3)
+    out["mid"] = fit(root / "mid", resume="latest")
+    out["dirs"] = sorted(p.name for p in (root / "mid").iterdir())
+    return out
+
+
+@pytest.mark.timeout(500)
+def test_fit_resumes_at_an_epoch_end_and_mid_epoch_like_the_uninterrupted_run(tmp_path):
+    for rank, out in enumerate(run_ranks(_fit_runs, world_size=2, args=(str(tmp_path),), timeout=400)):
+        whole_w, whole_opt = out["whole"]
+        for case in ("epoch", "mid"):
+            w, opt = out[case]
+            _equal(w, whole_w)
+            extra = {"shared_layers.tied.proj.bias"} if rank == 1 else set()  # (see the test above)
+            assert set(opt) <= set(whole_opt) | extra and set(whole_opt) <= set(opt)
+            for p in whole_opt:
+                for n in whole_opt[p]:
+                    assert torch.equal(opt[p][n], whole_opt[p][n]), (case, p, n)
+        assert "step-00000003" in out["dirs"] and ckpt.is_checkpoint_dir(tmp_path / "mid" / "step-00000003")

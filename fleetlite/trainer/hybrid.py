@@ -205,23 +205,12 @@ class PipelineSteps:
     def _outputs(self, batch: Any) -> tuple[Any, tuple[Any, ...]]:
         """The last stage's outputs for ``batch`` (None on the other stages), padded rows dropped; its labels.
 
-        # Note [pipeline evaluation schedule]
-        ``eval_batch(compute_loss=False)`` runs a second schedule over the stage, and a ``train_batch`` after it
-        no longer equals the run without it (meta_parallel's PipelineParallel; found by the Trainer's parity
-        test). With labels and a loss the evaluation therefore goes through ``eval_batch(compute_loss=True)``,
-        the training schedule run forward only, and the outputs are taken by a forward hook on the last stage;
-        its loss (padded rows included) is not used. Without labels (prediction of inputs alone) the loss-free
-        schedule is the only way: train after it from a fresh Trainer.
+        A forward-only run of the pipeline's one schedule (Note [one schedule per stage]): evaluating or
+        predicting between training steps leaves the training as it was.
         """
         inputs, labels = self.trainer.split_batch(batch)
         n = batch_length(batch)
-        x = _pack(_pad(inputs, self.rows))
-        if labels and getattr(self.net.module, "_loss_fn", None) is not None:
-            with self._captured(True) as captured:
-                self.net.eval_batch([x, _pack(_pad(labels, self.rows))], compute_loss=True)
-            out = self._batch_outputs(captured)
-        else:
-            out = self.net.eval_batch([x, None], compute_loss=False)
+        out = self.net.eval_batch([_pack(_pad(inputs, self.rows)), None], compute_loss=False)
         return (trim_batch(out, n) if self.last else None), labels
 
     def eval_step(self, batch: Any) -> dict[str, Any]:

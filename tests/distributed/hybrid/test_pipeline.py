@@ -201,3 +201,37 @@ def _bad_batch(rank, world):
 def test_batch_not_matching_micro_batches_fails_with_one_line():
     for msg in run_ranks(_bad_batch, world_size=2, timeout=60):  # on every stage
         assert "accumulate_steps * micro_batch_size = 4 * 2 = 8" in msg and "\n" not in msg
+
+
+def _eval_between_steps(rank, world, evaluate, kind):
+    """Two train_batch calls, with or without eval_batch calls (loss-free and with the loss) between them."""
+    torch.set_num_threads(1)
+    descs, loss_fn, batch = _models(kind)
+    ref = reference(descs(), loss_fn)
+    stage = PipelineLayer(descs(), num_stages=2, loss_fn=loss_fn)
+    copy_from(stage, ref)
+    model = PipelineParallel(stage, accumulate_steps=ROWS // MICRO, micro_batch_size=MICRO)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    outs = []
+    for step in range(3):
+        if evaluate and step == 0:  # a schedule's first run (shape inference) may be an evaluation
+            outs.append(model.eval_batch([batch(10, ROWS, 0)[0], None], compute_loss=False))
+        model.train_batch(list(batch(step, ROWS, 0)), opt)
+        if evaluate:
+            outs.append(model.eval_batch([batch(10, ROWS, 0)[0], None], compute_loss=False))  # predict: no labels
+            model.eval_batch(list(batch(11, ROWS, 0)), compute_loss=True)
+    return {k: v.clone() for k, v in stage.state_dict().items()}, outs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["mlp", "tied"])
+def test_evaluating_between_steps_does_not_change_training(kind):
+    """An eval_batch (its schedule runs forward only) between train_batch calls leaves the training as it was:
+    the weights after the steps equal a run without evaluation, bit for bit, and the loss-free outputs of the
+    last stage are the model's."""
+    plain = run_ranks(_eval_between_steps, 2, args=(False, kind), timeout=100)
+    evaluated = run_ranks(_eval_between_steps, 2, args=(True, kind), timeout=100)
+    for (w0, _), (w1, outs) in zip(plain, evaluated):
+        for k in w0:
+            assert torch.equal(w0[k], w1[k]), k
+    assert evaluated[0][1][0] is None and evaluated[1][1][0].shape[0] == ROWS

@@ -138,16 +138,24 @@ class PipelineParallel(WrappedModel):
         for t in [*self._layers.parameters(), *self._layers.buffers()]:
             td.broadcast(t, src=src, group=self.dp_group)
 
-    def _schedule(self, with_loss: bool) -> Any:
-        key = f"{self.schedule_mode}:{with_loss}"
-        if key not in self._schedules:
-            loss_fn = self._micro_loss if with_loss else None
-            self._schedules[key] = _SCHEDULES[self.schedule_mode](
-                self._stage, self.accumulate_steps, loss_fn=loss_fn, scale_grads=True)
-        return self._schedules[key]
+    # Note [one schedule per stage]
+    # A torch schedule remembers whether it has set its stage up for forward only or for backward too
+    # (``_stage_forward_initialized`` / ``_stage_backward_initialized``) and sets the stage up again when that
+    # changes (its eval <-> train switch); the stage itself is shared. Two schedules over one stage (one with a
+    # loss for training, one without for evaluation) each believe the stage is still set up as they left it. So
+    # there is ONE schedule, with the loss function: training runs ``step``, every evaluation ``eval`` (forward
+    # only), and an evaluation without labels gets a zero loss per micro-batch that nothing reads.
+    def _schedule(self) -> Any:
+        if self.schedule_mode not in self._schedules:
+            self._schedules[self.schedule_mode] = _SCHEDULES[self.schedule_mode](
+                self._stage, self.accumulate_steps, loss_fn=self._micro_loss, scale_grads=True)
+        return self._schedules[self.schedule_mode]
 
     def _micro_loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
-        """The user's ``loss_fn(output, labels)`` for micro-batch ``index`` (Note [label micro-batches])."""
+        """The user's ``loss_fn(output, labels)`` for micro-batch ``index`` (Note [label micro-batches]); a zero
+        nothing reads in an evaluation without labels (Note [one schedule per stage])."""
+        if self._label_mbs is None:
+            return torch.zeros((), device=self._stage.device)
         loss = self._layers._loss_fn(output, self._label_mbs[int(index)])
         self._mb_losses[int(index)] = loss.detach()
         return self._scaler.scale(loss) if self._scaler is not None else loss
@@ -184,12 +192,12 @@ class PipelineParallel(WrappedModel):
         if self.is_pipeline_first_stage:
             kw["arg_mbs"] = [tuple(m) if isinstance(m, (tuple, list)) else (m,) for m in input_mbs]
         self._mb_losses = {}
-        if self.is_pipeline_last_stage and compute_loss:
+        if self.is_pipeline_last_stage:
             # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
             # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
-            self._label_mbs = label_mbs
+            self._label_mbs = label_mbs if compute_loss else None
             kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
-        schedule = self._schedule(compute_loss)
+        schedule = self._schedule()
         out = schedule.step(**kw) if train else schedule.eval(**kw)
         if not compute_loss:
             return None, out

@@ -25,7 +25,7 @@ from ..distributed.fleet import get_hybrid_communicate_group
 from ..distributed.fleet.data_group import data_group
 from ..io.evaluation import trim_batch
 from .data_adapter import DataAdapter, batch_length
-from .hybrid import agree_buffers
+from .hybrid import agree_buffers, is_pipeline
 from .metrics import reduce_sums
 
 __all__ = ["FitPlan", "EvaluationLoop", "PredictionLoop", "metric_logs", "pass_logs"]
@@ -97,7 +97,7 @@ class _InferenceLoop:
         """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward
         is collective (it all-gathers parameters), so every rank must run as many as the others."""
         t = self.trainer
-        if t.parallel_network.is_sharded:
+        if t.parallel_network.is_sharded and not is_pipeline(t.parallel_network):  # (a stage alone: not collective)
             t.network(*t.split_batch(t.to_device(batch))[0])
 
 

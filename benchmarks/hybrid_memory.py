@@ -34,7 +34,14 @@ CONFIGS = {"dp4": (4, 1, 1), "dp2_mp2": (2, 2, 1), "dp2_pp2": (2, 1, 2), "mp4": 
 
 
 def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+    """The bytes the tensors' storages hold, each storage once: a slice that viewed the full weight would count
+    the full weight (what the process really keeps), not its own elements."""
+    storages = {}
+    for t in tensors:
+        if torch.is_tensor(t):
+            s = t.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
 
 
 def _rank(rank, world, degrees, steps, width, layers, batch, seq):

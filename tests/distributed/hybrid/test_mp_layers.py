@@ -168,3 +168,18 @@ def _tied(rank, world):
 def test_tied_embedding_and_head_share_one_slice_and_its_gradient():
     for diff in run_ranks(_tied, world_size=2, timeout=110):
         assert diff <= 1e-5, diff
+
+
+def _storage(rank, world):
+    init_mp({"mp_degree": 2})
+    layers = (mpu.ColumnParallelLinear(8, 6, has_bias=True, gather_output=False),
+              mpu.RowParallelLinear(6, 8, has_bias=True, input_is_parallel=True), mpu.VocabParallelEmbedding(10, 4))
+    return [(p.numel() * p.element_size(), p.untyped_storage().nbytes()) for m in layers for p in m.parameters()]
+
+
+@pytest.mark.timeout(120)
+def test_a_slice_holds_only_its_own_storage():
+    """Each rank keeps its slice, not a view into the full weight it was cut from (that would keep the whole
+    weight in memory: tensor parallelism would save nothing)."""
+    for sizes in run_ranks(_storage, world_size=2, timeout=110):
+        assert all(own == storage for own, storage in sizes), sizes

@@ -93,7 +93,8 @@ def _initializer(weight_attr: Any, what: str) -> Callable[[torch.Tensor], Any] |
 
 def _sliced(full: torch.Tensor, axis: int, group: Any) -> nn.Parameter:
     n, r = group_size(group), group_rank(group)
-    part = full.chunk(n, dim=axis)[r].contiguous() if n > 1 else full
+    # a copy: a view (a chunk along dim 0 is already contiguous) would keep the full weight's storage alive
+    part = full.chunk(n, dim=axis)[r].clone(memory_format=torch.contiguous_format) if n > 1 else full
     param = nn.Parameter(part)
     if n > 1:
         param.split_axis, param.mp_group = axis, group

@@ -34,6 +34,13 @@ from typing import Any
 import torch
 
 from ..distributed import collective
+from ..distributed.fleet.meta_parallel.hybrid_state import (
+    full_optimizer_state,
+    has_flat_optimizer,
+    is_hybrid_module,
+    load_flat_optimizer_state,
+    load_full_optimizer_state,
+)
 from ..utils.atomic import atomic_open
 
 __all__ = ["PaddleFiles", "strip_postfix", "safe_load", "spec_inputs", "PROGRAM_SUFFIX"]
@@ -102,21 +109,36 @@ class PaddleFiles:
         self.trainer = trainer
 
     def _optimizer_state(self) -> dict[str, Any] | None:
-        """The full optimizer state (collective under sharding, full on rank 0), or None without an optimizer."""
+        """The full optimizer state (collective under sharding and hybrid parallel, full on rank 0), or None without
+        an optimizer. A hybrid model's is the single-process model's state in torch's flattened, parameter-named
+        form (Note [hybrid full state]): the index-keyed form names no parameter, so it could not be split again."""
         opt = self.trainer.optimizer if self.trainer.optimizer is not None else self.trainer.user_optimizer
-        return opt.state_dict() if opt is not None else None
+        if opt is None:
+            return None
+        if self._hybrid():
+            self.trainer.setup()
+            return full_optimizer_state(self.trainer.network, self.trainer.optimizer,
+                                        getattr(self.trainer.parallel_network, "pp_group", None))
+        return opt.state_dict()
+
+    def _hybrid(self) -> bool:
+        """Whether the ranks hold different parts of the model (tensor-parallel slices, pipeline stages)."""
+        return collective.is_initialized() and is_hybrid_module(self.trainer.network)
 
     def _sharded(self) -> bool:
-        """Whether the run shards weights or optimizer state (the strategy says so), so a save must be collective."""
+        """Whether the run shards weights or optimizer state (the strategy says so, or the model is hybrid), so a
+        save must be collective."""
         strategy = self.trainer.strategy
-        return strategy is not None and strategy.sharding_enabled and collective.is_initialized()
+        sharding = strategy is not None and strategy.sharding_enabled and collective.is_initialized()
+        return sharding or self._hybrid()
 
     def save(self, path: str) -> None:
         """Write ``{path}.pdparams`` and ``{path}.pdopt``; rank 0 writes.
 
-        Under sharding it is collective (Note [collective hapi save]): every rank calls it, and it returns on every
-        rank once rank 0 has written (or raises on every rank when rank 0 could not). Without sharding nothing is
-        gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
+        Under sharding and hybrid parallelism it is collective (Note [collective hapi save]): every rank calls it,
+        and it returns on every rank once rank 0 has written (or raises on every rank when rank 0 could not); a
+        hybrid model's files hold the full model and its full optimizer state, which load into one process or any
+        degrees. Without sharding nothing is gathered, so a rank-0-only call works too, as Paddle's ``Model.save``.
         """
         path = strip_postfix(os.fspath(path))
         together = self._sharded()
@@ -173,7 +195,10 @@ class PaddleFiles:
         state = safe_load(params_path)
         if not state:
             raise ValueError(f"Failed to load parameters, please check path: {params_path} is empty")
-        own = self.trainer.network.state_dict()
+        hybrid = self._hybrid()
+        if hybrid:
+            self.trainer.setup()  # wrapped: the full weights are gathered (collective), the shapes to check against
+        own = self.trainer.get_weights() if hybrid else self.trainer.network.state_dict()
         matched = {}
         for key, param in own.items():
             try:
@@ -188,11 +213,19 @@ class PaddleFiles:
                     continue
                 raise
             matched[key] = state[key]
-        full = self.trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
+        if hybrid:
+            full = own
+        else:
+            full = self.trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
         full.update(matched)
         self.trainer.set_weights(full)
         opt_path = prefix + ".pdopt"
         if not reset_optimizer and os.path.isfile(opt_path) and self.trainer.user_optimizer is not None:
             opt_state = safe_load(opt_path)
             self.trainer.setup()
-            self.trainer.optimizer.load_state_dict(opt_state)  # collective under sharding
+            if hybrid:
+                load_full_optimizer_state(self.trainer.network, self.trainer.optimizer, opt_state)
+            elif has_flat_optimizer("optim." + str(k) for k in opt_state):  # a hybrid run's: by parameter name
+                load_flat_optimizer_state(self.trainer.network, self.trainer.optimizer, opt_state)
+            else:
+                self.trainer.optimizer.load_state_dict(opt_state)  # collective under sharding

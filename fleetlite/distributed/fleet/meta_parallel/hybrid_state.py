@@ -48,7 +48,8 @@ from .mp_layers import is_split
 from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
-           "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state"]
+           "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state", "full_optimizer_state",
+           "load_full_optimizer_state"]
 
 _FLAT = "flatten_optimizer_state_dict"
 
@@ -204,6 +205,89 @@ def load_flat_optimizer_state(module: nn.Module, optimizer: Any, state: dict[str
     if zero is not None:
         for group, loaded in zip(zero.param_groups, opt.param_groups):
             group.update({k: v for k, v in loaded.items() if k != "params" and k in group})
+
+
+def _merge_over(group: Any, entries: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's ``entries`` of ``group`` merged (the first rank's value where several hold a key); collective."""
+    if group is None or td.get_world_size(group) == 1:
+        return entries
+    parts: list[Any] = [None] * td.get_world_size(group)
+    td.all_gather_object(parts, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in entries.items()},
+                         group=group)
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for k, v in part.items():
+            merged.setdefault(k, v)
+    return merged
+
+
+def _param_of(key: str) -> str:
+    """The parameter name of a flattened optimizer key: ``state.<fqn>.<name>`` / ``param_groups.<fqn>.<name>``."""
+    return key.partition(".")[2].rpartition(".")[0]
+
+
+def full_optimizer_state(module: nn.Module, optimizer: Any, pp_group: Any = None) -> dict[str, Any]:
+    """The single-process model's optimizer state of a hybrid ``module``, in torch's flattened form (Note [hybrid
+    full state], for the optimizer): each state tensor of a slice gathered over its mp group like the parameter,
+    every stage's keys gathered over ``pp_group``, and under sharding stage 1 every partition's keys over the
+    sharding group. Collective; what Paddle's ``Model.save`` writes as ``.pdopt``. It loads into the same model
+    in one process (``load_flat_optimizer_state``) or under any degrees (:func:`load_full_optimizer_state`).
+
+    Example::
+
+        full = full_optimizer_state(tp_model._layers, opt)      # state.<fqn>.exp_avg: full tensors
+    """
+    osd = flat_optimizer_state(module, optimizer)
+    params = dict(module.named_parameters())
+    out: dict[str, Any] = {}
+    for key in sorted(osd):  # the same order on every rank of an mp group: their gathers pair up
+        value, p = osd[key], params.get(_param_of(key))
+        gather = key.startswith("state.") and p is not None and is_split(p) and isinstance(value, torch.Tensor) \
+            and value.shape == p.shape
+        out[key] = _gather_slice_like(value, p) if gather else value
+    zero = _stepping(optimizer)[1]
+    if zero is not None:
+        out = _merge_over(zero.process_group, out)
+    if _pipeline(module) is not None:
+        out = _merge_over(pp_group, out)
+    return out
+
+
+@torch.no_grad()
+def _gather_slice_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    n, _ = _mp(param)
+    parts = [torch.empty_like(value) for _ in range(n)]
+    td.all_gather(parts, value.detach().contiguous(), group=param.mp_group)
+    return torch.cat(parts, dim=param.split_axis)
+
+
+def load_full_optimizer_state(module: nn.Module, optimizer: Any, state: Mapping[str, Any]) -> None:
+    """Load a full flattened optimizer state (:func:`full_optimizer_state`, or the flattened state of the
+    single-process model) into a hybrid ``module``'s optimizer: each rank keeps its slice of the state of its own
+    stage's parameters. Not collective.
+
+    Example::
+
+        load_full_optimizer_state(tp_model._layers, opt, torch.load("m.pdopt", weights_only=True))
+    """
+    if not has_flat_optimizer("optim." + k for k in state):
+        raise ValueError("the optimizer state is in torch's index-keyed form, which names no parameter, so it cannot "
+                         "be split over tensor-parallel ranks or pipeline stages; save it from a hybrid run "
+                         "(Model.save writes the full, parameter-named state) or load the weights only "
+                         "(reset_optimizer=True)")
+    owned = {id(p) for g in _stepping(optimizer)[0].param_groups for p in g["params"]}  # stage 1: a partition
+    params = {n: p for n, p in module.named_parameters() if id(p) in owned}
+    mine: dict[str, Any] = {}
+    for key, value in state.items():
+        p = params.get(_param_of(key))
+        if p is None:
+            continue  # another stage's parameter, or another partition's
+        if key.startswith("state.") and is_split(p) and isinstance(value, torch.Tensor) and value.dim() == p.dim() \
+                and value.shape != p.shape:
+            n, r = _mp(p)
+            value = value.chunk(n, dim=p.split_axis)[r].clone()
+        mine[key] = value
+    load_flat_optimizer_state(module, optimizer, mine)
 
 
 def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writing: bool = False) -> dict[str, Any]:

@@ -195,7 +195,17 @@ class PaddleFiles:
         state = safe_load(params_path)
         if not state:
             raise ValueError(f"Failed to load parameters, please check path: {params_path} is empty")
+        opt_path = prefix + ".pdopt"
+        opt_state = None
+        if not reset_optimizer and os.path.isfile(opt_path) and self.trainer.user_optimizer is not None:
+            opt_state = safe_load(opt_path)  # read (and checked) before any weight changes
+        flat_opt = opt_state is not None and has_flat_optimizer("optim." + str(k) for k in opt_state)
         hybrid = self._hybrid()
+        if hybrid and opt_state is not None and not flat_opt:
+            raise ValueError(f"{opt_path} holds the optimizer state in torch's index-keyed form (a single-process "
+                             "save), which names no parameter, so it cannot be split over tensor-parallel ranks or "
+                             "pipeline stages; load the weights only with reset_optimizer=True, or save from the "
+                             "hybrid run (its .pdopt names each parameter)")
         if hybrid:
             self.trainer.setup()  # wrapped: the full weights are gathered (collective), the shapes to check against
         own = self.trainer.get_weights() if hybrid else self.trainer.network.state_dict()
@@ -219,13 +229,11 @@ class PaddleFiles:
             full = self.trainer.get_weights() if len(matched) < len(own) else {}  # collective under sharding
         full.update(matched)
         self.trainer.set_weights(full)
-        opt_path = prefix + ".pdopt"
-        if not reset_optimizer and os.path.isfile(opt_path) and self.trainer.user_optimizer is not None:
-            opt_state = safe_load(opt_path)
+        if opt_state is not None:
             self.trainer.setup()
             if hybrid:
                 load_full_optimizer_state(self.trainer.network, self.trainer.optimizer, opt_state)
-            elif has_flat_optimizer("optim." + str(k) for k in opt_state):  # a hybrid run's: by parameter name
+            elif flat_opt:  # a hybrid run's: by parameter name
                 load_flat_optimizer_state(self.trainer.network, self.trainer.optimizer, opt_state)
             else:
                 self.trainer.optimizer.load_state_dict(opt_state)  # collective under sharding

@@ -74,6 +74,7 @@ def _check_files(root, ref_weights, ref_opt):
     torch.manual_seed(3)
     loaded = _model(RefNet() if "up.weight" in weights else OneStage())
     loaded.load(str(root / "m"))  # into one process: the full weights and moments
+    loaded.save(str(root / "single"))  # a single-process save: torch's index-keyed optimizer state
     for k, v in ref_weights.items():
         assert (loaded.trainer.get_weights()[k] - v).abs().max() <= 1e-5, k
     for fqn, entry in opt_state(loaded.trainer).items():
@@ -90,6 +91,20 @@ def _check_roundtrip(results):
                 assert torch.equal(again[1][fqn][name], v), (fqn, name)
 
 
+def _refuse_single(rank, world, root):
+    init_fleet(mp=2)
+    torch.manual_seed(0)
+    model = _model(TPNet())
+    model.trainer.setup(training=True)
+    before = model.trainer.get_weights()
+    try:
+        model.load(str(Path(root) / "single"))
+        return None
+    except ValueError as e:
+        after = model.trainer.get_weights()
+        return str(e), all(torch.equal(after[k], v) for k, v in before.items())
+
+
 @pytest.mark.timeout(200)
 def test_model_save_of_mp2_holds_the_full_model_and_optimizer(tmp_path):
     results = run_ranks(_tp, world_size=2, args=(str(tmp_path),), timeout=180)
@@ -98,6 +113,8 @@ def test_model_save_of_mp2_holds_the_full_model_and_optimizer(tmp_path):
     net.load_state_dict(results[0][0][2])
     ref = _reference(net, lambda m: m.fit(batches(), epochs=1, verbose=0))
     _check_files(tmp_path, *ref)
+    for message, unchanged in run_ranks(_refuse_single, world_size=2, args=(str(tmp_path),), timeout=180):
+        assert "index-keyed" in message and "reset_optimizer=True" in message and unchanged
 
 
 def _pp(rank, world, root):

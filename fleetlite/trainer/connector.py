@@ -195,9 +195,10 @@ class Connector:
         """Say at the start that ``compile`` does nothing for a sharded (stage 2/3) model rather than train it
         eagerly in silence: torch.compile never runs on the FSDP2-sharded module."""
         if self.compile is not None and wrapped.is_sharded and collective.get_rank() == 0:
-            warnings.warn("fleetlite: Trainer(compile=...) has no effect under sharding stage 2/3: the sharded "
-                          "(FSDP2) model runs uncompiled. Drop compile=, or use sharding stage 1 or data parallel "
-                          "to train a compiled model", UserWarning, stacklevel=3)
+            warnings.warn("fleetlite: Trainer(compile=...) has no effect under sharding stage 2/3 or tensor/pipeline "
+                          "parallelism: the sharded (FSDP2), tensor-parallel or pipeline model runs uncompiled. Drop "
+                          "compile=, or use sharding stage 1 or data parallel to train a compiled model",
+                          UserWarning, stacklevel=3)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, wrapped: nn.Module):
         """The optimizer wrapped with the strategy (a ``DistributedOptimizer``, as ``fleet.distributed_optimizer``)

@@ -166,7 +166,8 @@ class PaddleFiles:
         is not exported (the program of one rank's shards would be wrong): a warning says so and None is returned."""
         program = strip_postfix(path) + PROGRAM_SUFFIX
         if self.trainer.parallel_network.is_sharded:
-            warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 wrote the weights "
+            warnings.warn(f"Model.save({path!r}, training=False) under sharding stage 2/3 or tensor/pipeline "
+                          f"parallelism wrote the (full) weights "
                           f"({strip_postfix(path)}.pt) but not the inference program {program}: load the weights into "
                           "the plain network in one process and call save(path, training=False) there", stacklevel=3)
             return None

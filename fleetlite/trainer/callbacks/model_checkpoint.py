@@ -100,6 +100,10 @@ class ModelCheckpoint(MonitorMixin, Callback):
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
                              "fit(..., save_dir=...)")
         self.directory = Path(d)
+        if self.sharded is False and self.trainer.checkpoint_connector.hybrid:
+            raise ValueError("ModelCheckpoint(sharded=False) asks for single checkpoint files, but a tensor- or "
+                             "pipeline-parallel model checkpoints to DCP directories (each rank writes its slices "
+                             "and stage; they reshard on load); drop sharded=False")
         # a resumed run starts from a saved step: a finished run resumed saves nothing new (nothing changed)
         self._last_saved_step = self.trainer.global_step
         self._check_directory()
@@ -190,7 +194,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
     def _dcp(self) -> bool:
         if self.sharded is not None:
             return bool(self.sharded)
-        return self.async_save or self.trainer.parallel_network.is_sharded
+        return self.async_save or self.trainer.parallel_network.is_sharded  # hybrid models are is_sharded too
 
     def _request(self, name: str, best: bool, periodic: bool = True) -> None:
         if periodic and name not in self.saved:

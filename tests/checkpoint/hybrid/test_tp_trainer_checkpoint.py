@@ -236,3 +236,20 @@ def _dropout_runs(rank, world, root):
 def test_dropout_under_the_model_parallel_rng_tracker_resumes_bit_identically(tmp_path):
     for whole, resumed in run_ranks(_dropout_runs, world_size=2, args=(str(tmp_path),), timeout=300):
         _equal(resumed, whole)  # the tracker's state (per mp rank) came back with the checkpoint
+
+
+def _files_asked(rank, world, root):
+    t = tp_trainer()
+    try:
+        t.fit(batches(), epochs=1, callbacks=[ModelCheckpoint(save_dir=root, sharded=False)], verbose=0)
+        return None
+    except ValueError as e:
+        return str(e), t.global_step
+
+
+@pytest.mark.timeout(120)
+def test_model_checkpoint_asked_for_files_is_refused_before_training(tmp_path):
+    """ModelCheckpoint(sharded=False) wants single files; a tensor-parallel model writes DCP directories: one line
+    before the first step, not a directory where the callback's bookkeeping expects a file."""
+    for message, steps in run_ranks(_files_asked, world_size=2, args=(str(tmp_path),), timeout=100):
+        assert "sharded=False" in message and "DCP directories" in message and steps == 0

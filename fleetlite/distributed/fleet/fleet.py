@@ -429,12 +429,16 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
 
 
 def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
-    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding): the hcg's sharding group holds
-    the optimizer state (Note [sharding with mp and pp]); None: every rank (plain stage 1)."""
+    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding), and stage 2 next to mp/pp: the
+    hcg's sharding group holds the optimizer state (Notes [sharding with mp and pp], [hybrid sharding stage 2]);
+    None: every rank (plain stage 1), or FSDP2 (plain stages 2/3)."""
     hcg = _state.hcg
-    if strategy.sharding_stage != 1 or hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
+    if hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
         return None
-    return hcg.get_sharding_parallel_group()
+    hybrid = hcg.get_model_parallel_world_size() > 1 or hcg.get_pipe_parallel_world_size() > 1
+    if strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and hybrid):
+        return hcg.get_sharding_parallel_group()
+    return None
 
 
 def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:

@@ -11,7 +11,8 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   accumulation window, so the usual ``backward(); step(); clear_grad()`` loop
   works unchanged; a training loop (the Trainer) may drive the window instead;
 * sharding stage 1: the optimizer state is partitioned across ranks with
-  ``torch.distributed.optim.ZeroRedundancyOptimizer``; stages 2/3: the
+  ``torch.distributed.optim.ZeroRedundancyOptimizer`` (stage 2 next to mp/pp too, the model keeping only the
+  owned gradients: Note [hybrid sharding stage 2]); stages 2/3: the
   optimizer is rebuilt over the shards of the
   :class:`~fleetlite.distributed.sharding.ShardedDataParallel` model it is
   attached to, and its ``state_dict`` is gathered in torch's format;
@@ -128,7 +129,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
         self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars/localsgd/dgc: what steps in its place
-        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else self.meta.optimizer
+        # stage 1, and stage 2 next to mp/pp (the hcg's sharding group: Note [hybrid sharding stage 2]), partition the
+        # optimizer state with ZeroRedundancyOptimizer; plain stages 2/3 rebuild it over FSDP2's shards at attach
+        zero = strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and group is not None)
+        self.inner_opt = self._shard(optimizer, group) if zero else self.meta.optimizer
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
         self.hybrid_clip = self._hybrid_clip(optimizer)
 
@@ -193,6 +197,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not hasattr(model, "require_backward_grad_sync"):
             raise TypeError(f"{type(model).__name__} has no require_backward_grad_sync attribute; attach the "
                             "model returned by fleet.distributed_model")
+        if getattr(model, "sharded_grads", None) is not None:  # stage 2 next to mp: Note [hybrid sharding stage 2]
+            model.sharded_grads.set_owners(self.inner_opt)
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)

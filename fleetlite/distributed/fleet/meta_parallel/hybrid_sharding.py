@@ -1,0 +1,148 @@
+"""Sharding stage 2 next to tensor and pipeline parallelism: each rank keeps only the gradients it updates.
+
+# Note [hybrid sharding stage 2]
+Paddle's ``GroupShardedStage2`` semantics on ``hybrid_configs``' sharding axis: the optimizer state is
+partitioned over the sharding group as in stage 1 (``ZeroRedundancyOptimizer``: Note [sharding with mp and pp])
+*and* so are the gradients: after the reduction a rank holds the gradients of the parameters its ZeRO
+partition owns, the others are freed (``p.grad = None``), so the gradient memory held from the reduction
+through clipping and the optimizer step falls by about the sharding degree.
+
+The reduction is a *reduce to the owner*, half the traffic of an all-reduce: at the end of a synced backward
+(``TensorParallel`` under mp, ``PipelineParallel._reduce_gradients`` under pp) the gradients owned by
+sharding rank ``r``, flattened per dtype and divided by dp × sharding first (Note [divide before sum]), are
+``reduce``d to ``r`` inside the sharding group, for ``r = 0, 1, ...`` in that order on every rank; with
+``dp_degree`` > 1 each owner then all-reduces its part over the dp group (the owners of the same parameters
+in the other replicas). A non-owner frees a part as soon as it was sent. Fleetlite's bucketed engine is not
+used for these models (its flat buckets would keep every gradient alive): gradients are autograd's own
+tensors until the reduction, so a backward still holds the full set for a moment, as in Paddle when
+``p.grad`` is accumulated before its reduce. Under ``no_sync`` / gradient merge the window's backwards keep
+full local gradients and its last backward reduces the accumulated sum; a parameter that got no gradient on
+this rank takes part as zeros (the owner steps with a zero gradient, as a pipeline stage does).
+
+Which rank owns a parameter is the ZeroRedundancyOptimizer's partition (``_param_to_rank``), known once
+``fleet.distributed_optimizer`` met the model (mp: when the optimizer is attached; pp: ``train_batch``'s
+optimizer); a synced backward before that is refused with one line. The global norm for clipping
+(Note [hybrid global norm]) adds the owners' squared sums over the sharding group as well: each parameter
+is counted once across dp, sharding, mp and pp; the parameters carry the group (``sharded_grad_group``) so
+the Trainer's clipping finds it without knowing the strategy.
+
+Example::
+
+    strategy.hybrid_configs = {"mp_degree": 2, "sharding_degree": 2}
+    strategy.sharding_configs = {"stage": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(MLP())            # TensorParallel with sharded gradients
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters()))
+    model(x).sum().backward()                        # p.grad is None for the parameters another rank owns
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from ....parallel.graph import output_tensors
+from .mp_ops import group_rank, group_size
+
+__all__ = ["ShardedGradients", "wants_sharded_gradients", "GRAD_GROUP_ATTR"]
+
+#: the attribute a stage-2 parameter carries: the group over which its gradient's owners are spread
+GRAD_GROUP_ATTR = "sharded_grad_group"
+
+
+def wants_sharded_gradients(hcg: Any, strategy: Any) -> bool:
+    """Whether ``strategy`` asks for sharding stage 2 over the sharding axis of ``hcg`` (more than one rank)."""
+    return (strategy is not None and getattr(strategy, "sharding_stage", 0) == 2 and hcg is not None
+            and hcg.get_sharding_parallel_world_size() > 1)
+
+
+class ShardedGradients:
+    """Reduces the gradients of ``params`` to their ZeRO owners in the sharding group and frees the others
+    (Note [hybrid sharding stage 2]).
+
+    Example::
+
+        grads = ShardedGradients(model.parameters(), hcg)
+        grads.set_owners(opt)           # a fleet.distributed_optimizer (its ZeroRedundancyOptimizer)
+        loss.backward(); grads.reduce()
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], hcg: Any) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.group = hcg.get_sharding_parallel_group()
+        self.dp_group = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
+        self.divisor = group_size(self.group) * group_size(self.dp_group)
+        self.owner: list[int] | None = None
+        self._queued = False
+        for p in self.params:
+            setattr(p, GRAD_GROUP_ATTR, self.group)
+
+    def set_owners(self, optimizer: Any) -> None:
+        """Take the owner of each parameter from ``optimizer``'s ZeroRedundancyOptimizer partition."""
+        zero = getattr(optimizer, "inner_opt", optimizer)
+        to_rank = getattr(zero, "_param_to_rank", None)
+        if not isinstance(to_rank, dict):
+            raise TypeError(f"sharding stage 2 next to mp/pp needs the optimizer from fleet.distributed_optimizer "
+                            f"(its ZeroRedundancyOptimizer says which gradients a rank keeps), got "
+                            f"{type(optimizer).__name__}; wrap the optimizer with fleet.distributed_optimizer")
+        missing = sum(p not in to_rank for p in self.params)
+        if missing:
+            raise ValueError(f"sharding stage 2: {missing} trainable parameter(s) of the model are not in the "
+                             "optimizer, so no rank owns their gradients; build the optimizer over all of "
+                             "model.parameters() (or set requires_grad=False on the others)")
+        self.owner = [to_rank[p] for p in self.params]
+
+    def arm(self, outputs: Any) -> None:
+        """Reduce at the end of the backward that goes through ``outputs`` (the forward's result)."""
+        for t in output_tensors(outputs):
+            if t.grad_fn is not None:
+                t.grad_fn.register_prehook(self._queue)
+
+    def _queue(self, grad_outputs: Any) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce_queued)
+
+    def _reduce_queued(self) -> None:
+        self._queued = False
+        self.reduce()
+
+    @torch.no_grad()
+    def reduce(self) -> None:
+        """Average the gradients over dp × sharding on their owners; free them elsewhere (collective)."""
+        if self.owner is None:
+            raise RuntimeError("sharding stage 2 next to mp/pp: a synced backward ran before the optimizer was "
+                               "known; call fleet.distributed_optimizer(opt) before the first backward (its "
+                               "ZeroRedundancyOptimizer partition says which rank keeps which gradient)")
+        me = group_rank(self.group)
+        parts: dict[tuple[int, torch.dtype], list[torch.nn.Parameter]] = {}
+        for p, r in zip(self.params, self.owner):
+            parts.setdefault((r, p.dtype), []).append(p)
+        mine: list[tuple[torch.Tensor, list[torch.nn.Parameter]]] = []
+        for (r, _), ps in sorted(parts.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):  # same order everywhere
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
+            flat /= self.divisor  # Note [divide before sum]
+            tdist.reduce(flat, dst=tdist.get_global_rank(self.group, r), group=self.group)
+            if r == me:
+                mine.append((flat, ps))
+            else:
+                for p in ps:
+                    p.grad = None
+        for flat, ps in mine:
+            if self.dp_group is not None:
+                tdist.all_reduce(flat, group=self.dp_group)
+            offset = 0
+            for p in ps:
+                g = flat[offset:offset + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+                offset += p.numel()
+
+    def grad_bytes(self) -> int:
+        """Bytes of the gradients this rank holds now."""
+        return sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)

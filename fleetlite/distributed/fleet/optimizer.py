@@ -43,6 +43,7 @@ from .amp import AmpHelper
 from .gradient_merge import GradientMerge
 from .meta_optimizers import MetaOptimizers
 from .meta_parallel.hybrid_clip import HybridParallelClipGrad, grad_clip_norm_of
+from .meta_parallel.hybrid_sharding import mark_partition
 from .strategy import DistributedStrategy
 
 __all__ = ["DistributedOptimizer"]
@@ -133,6 +134,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # optimizer state with ZeroRedundancyOptimizer; plain stages 2/3 rebuild it over FSDP2's shards at attach
         zero = strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and group is not None)
         self.inner_opt = self._shard(optimizer, group) if zero else self.meta.optimizer
+        if strategy.sharding_stage == 2 and hasattr(self.inner_opt, "_param_to_rank"):
+            mark_partition(self.inner_opt)  # the model keeps the gradients this rank owns
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
         self.hybrid_clip = self._hybrid_clip(optimizer)
 
@@ -197,8 +200,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not hasattr(model, "require_backward_grad_sync"):
             raise TypeError(f"{type(model).__name__} has no require_backward_grad_sync attribute; attach the "
                             "model returned by fleet.distributed_model")
-        if getattr(model, "sharded_grads", None) is not None:  # stage 2 next to mp: Note [hybrid sharding stage 2]
-            model.sharded_grads.set_owners(self.inner_opt)
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)

@@ -46,8 +46,8 @@ def _ownership(params, opt, hcg):
     return ok, freed, mine.item(), total.item(), full, largest
 
 
-def _mp_stage2(rank, world, stage):
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2},
+def _mp_stage2(rank, world, stage, dp=1):
+    hcg = _init({"dp_degree": dp, "mp_degree": 2, "sharding_degree": 2},
                 **({"sharding": True, "sharding_configs": {"stage": stage}}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
@@ -106,6 +106,29 @@ def test_mp2_sharding2_stage1_still_keeps_every_gradient():
         assert r["param"] <= 1e-5 and not r["stage2"]
         for _ok, freed, mine, total, full, _ in r["owned"]:
             assert freed == 0 and mine == full and total == 2 * full
+
+
+@pytest.mark.timeout(400)
+def test_dp2_mp2_sharding2_stage2_on_eight_ranks():
+    """With dp > 1 each owner all-reduces its reduced part over the dp group (the owners of the same parameters in
+    the other replica)."""
+    for r in run_ranks(_mp_stage2, world_size=8, args=(2, 2), timeout=390):
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["clipped"], r
+        for ok, freed, mine, total, full, _ in r["owned"]:
+            assert ok and freed > 0 and total == full and mine <= 0.6 * full, r["owned"]
+
+
+def _no_optimizer(rank, world):
+    _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
+    model = fleet.distributed_model(TPModel())
+    ids, labels = data(1, BATCH)[0]
+    model(ids, labels).backward()
+
+
+def test_stage2_backward_before_the_optimizer_fails_on_every_rank_with_one_line():
+    out = run_ranks(_no_optimizer, world_size=4, timeout=120, expect_failure=True)
+    for status, text in out.values():
+        assert status == "error" and "call fleet.distributed_optimizer(opt) before the first backward" in text, text
 
 
 def _pp_stage2(rank, world):
@@ -190,30 +213,37 @@ def test_mp2_sharding2_stage2_gradient_merge_on_four_ranks():
         assert freed[0] == freed[2] == 0 and freed[1] > 0 and freed[3] > 0, freed  # reduced (and freed) per window
 
 
-def _trainer(rank=0, world=1):
-    """The Trainer (SGD momentum, global_clipnorm, LR scheduler, eval, predict) on mp2 × sharding2 stage 2, or one
-    process with the global batch; each optimizer step's owned-gradient count is recorded by a global hook."""
+CLIPS = {"global": {"global_clipnorm": 0.05}, "each": {"clipnorm": 0.05}}
+
+
+def _trainer(rank=0, world=1, kind="mp", clip="global"):
+    """The Trainer (SGD momentum, clipping, LR scheduler, eval, predict) on mp2 × sharding2 or pp2 × sharding2 stage
+    2 (8 rows per rank), or one process with the global batch of 16; each optimizer step's freed-gradient count is
+    recorded by a global step pre-hook."""
     seen = []
     handle = register_optimizer_step_pre_hook(
         lambda opt, *_: seen.append(sum(p.grad is None for g in opt.param_groups for p in g["params"]))
         if world == 1 or type(opt).__name__ == "ZeroRedundancyOptimizer" else None)  # (not its local optimizer)
+    loss = torch.nn.CrossEntropyLoss()
     try:
         if world == 1:
             fleet_impl._reset()
             net = hybrid_models.reference_net()
-            t, out = hybrid_models.run_trainer(net, None, 16, 8, clip={"global_clipnorm": 0.05},
-                                               loss=torch.nn.CrossEntropyLoss())
+            t, out = hybrid_models.run_trainer(net, None, 16, 8, clip=CLIPS[clip], loss=loss)
             out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
         else:
             torch.set_num_threads(1)
             fleet_impl._reset()
             strategy = fleet.DistributedStrategy(**STAGE2)
-            strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1, "sharding_degree": 2}
+            strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2 if kind == "mp" else 1,
+                                       "pp_degree": 2 if kind == "pp" else 1, "sharding_degree": 2}
+            if kind == "pp":
+                strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": 4}
             fleet.init(is_collective=True, strategy=strategy)
-            net = hybrid_models.tp_net()
-            t, out = hybrid_models.run_trainer(net, strategy, 8, 8, clip={"global_clipnorm": 0.05},
-                                               loss=torch.nn.CrossEntropyLoss())
-            out["weights"] = hybrid_models.full_tp_weights(net)
+            net = hybrid_models.tp_net() if kind == "mp" else hybrid_models.pipeline_stage(loss_fn=None)
+            t, out = hybrid_models.run_trainer(net, strategy, 8, 8, clip=CLIPS[clip], loss=loss)
+            out["weights"] = hybrid_models.full_tp_weights(net) if kind == "mp" else \
+                hybrid_models.all_stage_weights(net)
             out["zero"] = type(t.optimizer.inner_opt).__name__
     finally:
         handle.remove()
@@ -222,9 +252,10 @@ def _trainer(rank=0, world=1):
 
 
 @pytest.mark.timeout(400)
-def test_trainer_mp2_sharding2_stage2_equals_one_process():
-    ref = _trainer()
-    for r in run_ranks(_trainer, 4, timeout=300):
+@pytest.mark.parametrize("kind, clip", [("mp", "global"), ("mp", "each"), ("pp", "global")])
+def test_trainer_sharding2_stage2_equals_one_process(kind, clip):
+    ref = _trainer(clip=clip)
+    for r in run_ranks(_trainer, 4, args=(kind, clip), timeout=300):
         assert not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
         assert r["zero"] == "ZeroRedundancyOptimizer"
         assert r["freed"] and all(n > 0 for n in r["freed"]), r["freed"]  # every step: non-owned gradients freed

@@ -19,12 +19,14 @@ tensors until the reduction, so a backward still holds the full set for a moment
 full local gradients and its last backward reduces the accumulated sum; a parameter that got no gradient on
 this rank takes part as zeros (the owner steps with a zero gradient, as a pipeline stage does).
 
-Which rank owns a parameter is the ZeroRedundancyOptimizer's partition (``_param_to_rank``), known once
-``fleet.distributed_optimizer`` met the model (mp: when the optimizer is attached; pp: ``train_batch``'s
-optimizer); a synced backward before that is refused with one line. The global norm for clipping
-(Note [hybrid global norm]) adds the owners' squared sums over the sharding group as well: each parameter
-is counted once across dp, sharding, mp and pp; the parameters carry the group (``sharded_grad_group``) so
-the Trainer's clipping finds it without knowing the strategy.
+Which rank owns a parameter is the ZeroRedundancyOptimizer's partition (``_param_to_rank``, read at each
+reduction): ``fleet.distributed_optimizer`` marks its parameters with it (``sharded_grad_partition``), so the
+model finds it whatever optimizer object a loop passes around (the Trainer's pipeline step passes its own); a
+synced backward before that, or a trainable parameter in no such optimizer, is refused with one line. The
+global norm for clipping (Note [hybrid global norm]) adds the owners' squared sums over the sharding group as
+well: each parameter is counted once across dp, sharding, mp and pp; the parameters carry the group
+(``sharded_grad_group``) so the Trainer's clipping finds it without knowing the strategy. A parameter is owned
+whole (ZeRO's partition), so the gradient bytes per rank are 1/sharding of the model's at that granularity.
 
 Example::
 
@@ -47,10 +49,20 @@ import torch.distributed as tdist
 from ....parallel.graph import output_tensors
 from .mp_ops import group_rank, group_size
 
-__all__ = ["ShardedGradients", "wants_sharded_gradients", "GRAD_GROUP_ATTR"]
+__all__ = ["ShardedGradients", "wants_sharded_gradients", "mark_partition", "GRAD_GROUP_ATTR", "PARTITION_ATTR"]
 
 #: the attribute a stage-2 parameter carries: the group over which its gradient's owners are spread
 GRAD_GROUP_ATTR = "sharded_grad_group"
+#: and the ZeroRedundancyOptimizer whose partition says which rank of that group owns it
+PARTITION_ATTR = "sharded_grad_partition"
+
+
+def mark_partition(zero: Any) -> None:
+    """Tell the parameters of ``zero`` (a ZeroRedundancyOptimizer) which optimizer partitions them, so that the
+    model's stage-2 reduction finds each gradient's owner whatever optimizer object a loop passes around."""
+    for group in zero.param_groups:
+        for p in group["params"]:
+            setattr(p, PARTITION_ATTR, zero)
 
 
 def wants_sharded_gradients(hcg: Any, strategy: Any) -> bool:
@@ -66,7 +78,7 @@ class ShardedGradients:
     Example::
 
         grads = ShardedGradients(model.parameters(), hcg)
-        grads.set_owners(opt)           # a fleet.distributed_optimizer (its ZeroRedundancyOptimizer)
+        mark_partition(zero)            # fleet.distributed_optimizer does it for its ZeroRedundancyOptimizer
         loss.backward(); grads.reduce()
     """
 
@@ -75,25 +87,23 @@ class ShardedGradients:
         self.group = hcg.get_sharding_parallel_group()
         self.dp_group = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
         self.divisor = group_size(self.group) * group_size(self.dp_group)
-        self.owner: list[int] | None = None
         self._queued = False
         for p in self.params:
             setattr(p, GRAD_GROUP_ATTR, self.group)
 
-    def set_owners(self, optimizer: Any) -> None:
-        """Take the owner of each parameter from ``optimizer``'s ZeroRedundancyOptimizer partition."""
-        zero = getattr(optimizer, "inner_opt", optimizer)
-        to_rank = getattr(zero, "_param_to_rank", None)
-        if not isinstance(to_rank, dict):
-            raise TypeError(f"sharding stage 2 next to mp/pp needs the optimizer from fleet.distributed_optimizer "
-                            f"(its ZeroRedundancyOptimizer says which gradients a rank keeps), got "
-                            f"{type(optimizer).__name__}; wrap the optimizer with fleet.distributed_optimizer")
-        missing = sum(p not in to_rank for p in self.params)
-        if missing:
-            raise ValueError(f"sharding stage 2: {missing} trainable parameter(s) of the model are not in the "
-                             "optimizer, so no rank owns their gradients; build the optimizer over all of "
-                             "model.parameters() (or set requires_grad=False on the others)")
-        self.owner = [to_rank[p] for p in self.params]
+    def owners(self) -> list[int]:
+        """The sharding rank that owns each parameter: its ZeroRedundancyOptimizer's partition, read now (it
+        changes with ``add_param_group``)."""
+        zeros = {id(z): z for p in self.params if (z := getattr(p, PARTITION_ATTR, None)) is not None}
+        if len(zeros) != 1 or any(getattr(p, PARTITION_ATTR, None) is None for p in self.params):
+            raise RuntimeError(
+                "sharding stage 2 next to mp/pp: the gradients' owners come from the optimizer, but "
+                + ("no fleet.distributed_optimizer holds these parameters yet; call fleet.distributed_optimizer(opt) "
+                   "before the first backward" if not zeros else
+                   "some trainable parameters are in no fleet.distributed_optimizer (or in several); build one "
+                   "optimizer over all of model.parameters() (or set requires_grad=False on the others)"))
+        to_rank = next(iter(zeros.values()))._param_to_rank
+        return [to_rank[p] for p in self.params]
 
     def arm(self, outputs: Any) -> None:
         """Reduce at the end of the backward that goes through ``outputs`` (the forward's result)."""
@@ -113,13 +123,9 @@ class ShardedGradients:
     @torch.no_grad()
     def reduce(self) -> None:
         """Average the gradients over dp × sharding on their owners; free them elsewhere (collective)."""
-        if self.owner is None:
-            raise RuntimeError("sharding stage 2 next to mp/pp: a synced backward ran before the optimizer was "
-                               "known; call fleet.distributed_optimizer(opt) before the first backward (its "
-                               "ZeroRedundancyOptimizer partition says which rank keeps which gradient)")
         me = group_rank(self.group)
         parts: dict[tuple[int, torch.dtype], list[torch.nn.Parameter]] = {}
-        for p, r in zip(self.params, self.owner):
+        for p, r in zip(self.params, self.owners()):
             parts.setdefault((r, p.dtype), []).append(p)
         mine: list[tuple[torch.Tensor, list[torch.nn.Parameter]]] = []
         for (r, _), ps in sorted(parts.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):  # same order everywhere

@@ -215,13 +215,12 @@ class PipelineParallel(WrappedModel):
         return loss
 
     @torch.no_grad()
-    def _reduce_gradients(self, optimizer: Any = None) -> None:
+    def _reduce_gradients(self) -> None:
         """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel
-        (dp × sharding: Note [sharding with mp and pp]); with sharding stage 2 on the owners of ``optimizer``'s
+        (dp × sharding: Note [sharding with mp and pp]); with sharding stage 2 on the owners in the optimizer's
         partition only, freed elsewhere (Note [hybrid sharding stage 2])."""
         self._layers.allreduce_shared_weight_gradients()
         if self.sharded_grads is not None:
-            self.sharded_grads.set_owners(optimizer)
             self.sharded_grads.reduce()
             return
         if self.dp_group is None:
@@ -259,7 +258,7 @@ class PipelineParallel(WrappedModel):
             loss, _ = self._run(data, train=True, compute_loss=True)
         finally:
             self._scaler = None
-        self._reduce_gradients(optimizer)
+        self._reduce_gradients()
         # fleet.distributed_optimizer clips in its own step hook (hybrid_clip) under pp: do not clip twice
         clip = getattr(optimizer, "_grad_clip", None) if getattr(optimizer, "hybrid_clip", None) is None else None
         if clip is not None:

@@ -285,3 +285,38 @@ def test_hybrid_sharding_stage2_is_accepted():
         strategy.hybrid_configs = hybrid
         strategy.check_supported(4)
         assert strategy.sharding_stage == 2
+
+
+def _manual_stage2(rank, world):
+    """Paddle's manual pattern (no_sync, then fused_allreduce_gradients) under stage 2: every rank then holds every
+    gradient, and the clip's norm still counts each once (only the owned ones)."""
+    from fleetlite.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
+
+    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
+    torch.manual_seed(0)
+    ref, model = RefModel(), TPModel()
+    copy_from(model, ref, hcg)
+    model = fleet.distributed_model(model)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    inner._grad_clip = ClipGradByGlobalNorm(CLIP)
+    opt = fleet.distributed_optimizer(inner)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    part, d_norm = hcg.get_data_sharding_parallel_rank(), 0.0
+    for ids, labels in data(3, BATCH * 2):
+        with model.no_sync():
+            model(ids[part * BATCH:(part + 1) * BATCH], labels[part * BATCH:(part + 1) * BATCH]).backward()
+        fused_allreduce_gradients(list(model.parameters()), hcg)
+        opt.step()
+        opt.clear_grad()
+        ref(ids, labels).backward()
+        d_norm = max(d_norm, abs(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item()
+                                 - opt.hybrid_clip.last_norm.item()))
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return max_param_diff(model, ref, hcg), d_norm
+
+
+@pytest.mark.timeout(300)
+def test_mp2_sharding2_stage2_manual_fused_allreduce_counts_each_gradient_once():
+    for diff, d_norm in run_ranks(_manual_stage2, world_size=4, timeout=290):
+        assert diff <= 1e-5 and d_norm <= 1e-5, (diff, d_norm)

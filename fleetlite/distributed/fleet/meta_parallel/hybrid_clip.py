@@ -6,11 +6,12 @@ The global norm must count every parameter of the full model once. Under tensor 
 pipeline parallelism each stage holds its own parameters; data-parallel replicas hold identical (averaged)
 gradients. So: the slices' squared sums are added over the check group (mp × pp × sep of one dp replica),
 the replicated ones' over the pipe group only, and nothing is added over dp. Every rank then scales by the
-same coefficient, torch's ``clip_grad_norm_`` rule ``min(1, clip_norm / (norm + 1e-6))``. With sharding stage 2
-(Note [hybrid sharding stage 2]) a rank holds only the gradients it owns (the others are None): the sum so far
-covers this rank's owned part of its sharding coordinate, so it is added over the sharding group too (each
-parameter's owner counts it once). The parameters say so themselves (``sharded_grad_group``), so every rank of
-the group takes part even when it holds no gradient at all.
+same coefficient, torch's ``clip_grad_norm_`` rule ``min(1, clip_norm / (norm + 1e-6))``.
+
+With sharding stage 2 (Note [hybrid sharding stage 2]) a rank holds only the gradients it owns (the others
+are None). Only the owned ones are counted (even where a manual all-reduce left the others), and the sum is
+added over the sharding group too: each parameter's owner counts it once. The parameters say so themselves
+(``sharded_grad_group``), so every rank of the group takes part even when it holds no gradient at all.
 
 Example::
 
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from .hybrid_sharding import GRAD_GROUP_ATTR
+from .hybrid_sharding import GRAD_GROUP_ATTR, owned_here
 from .mp_layers import is_split
 from .mp_ops import group_size
 
@@ -47,7 +48,7 @@ def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor
     """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
     every = list(params)
     sharded = _sharded_grad_group(every)
-    params = [p for p in every if p.grad is not None]
+    params = [p for p in (owned_here(every, sharded) if sharded is not None else every) if p.grad is not None]
     device = params[0].grad.device if params else (every[0].device if every else torch.device("cpu"))
     split = _sq([p.grad for p in params if is_split(p)], device)
     replicated = _sq([p.grad for p in params if not is_split(p) and getattr(p, "is_firstly_shared", True)], device)

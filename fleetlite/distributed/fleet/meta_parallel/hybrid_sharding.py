@@ -49,7 +49,8 @@ import torch.distributed as tdist
 from ....parallel.graph import output_tensors
 from .mp_ops import group_rank, group_size
 
-__all__ = ["ShardedGradients", "wants_sharded_gradients", "mark_partition", "GRAD_GROUP_ATTR", "PARTITION_ATTR"]
+__all__ = ["ShardedGradients", "wants_sharded_gradients", "mark_partition", "owned_here", "GRAD_GROUP_ATTR",
+           "PARTITION_ATTR"]
 
 #: the attribute a stage-2 parameter carries: the group over which its gradient's owners are spread
 GRAD_GROUP_ATTR = "sharded_grad_group"
@@ -69,6 +70,13 @@ def wants_sharded_gradients(hcg: Any, strategy: Any) -> bool:
     """Whether ``strategy`` asks for sharding stage 2 over the sharding axis of ``hcg`` (more than one rank)."""
     return (strategy is not None and getattr(strategy, "sharding_stage", 0) == 2 and hcg is not None
             and hcg.get_sharding_parallel_world_size() > 1)
+
+
+def owned_here(params: list[torch.Tensor], group: Any) -> list[torch.Tensor]:
+    """The parameters of ``params`` whose owner in the optimizer's partition is this rank of ``group``; all of them
+    when no optimizer marked them (their gradients then exist only where the reduction left them)."""
+    me = group_rank(group)
+    return [p for p in params if (z := getattr(p, PARTITION_ATTR, None)) is None or z._param_to_rank.get(p) == me]
 
 
 class ShardedGradients:

@@ -231,7 +231,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     the shards when it meets the model. Under ``hybrid_configs``: a
     :class:`PipelineLayer` becomes a ``PipelineParallel`` (the strategies above
     applied to its stage: Note [pipeline strategies]), a model with mp > 1 a
-    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]).
+    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]); there sharding stage 2 is not FSDP2
+    but each gradient reduced to its ZeRO owner (Note [hybrid sharding stage 2]).
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())

@@ -114,7 +114,11 @@ class ShardedGradients:
         return [to_rank[p] for p in self.params]
 
     def arm(self, outputs: Any) -> None:
-        """Reduce at the end of the backward that goes through ``outputs`` (the forward's result)."""
+        """Reduce at the end of the backward that goes through ``outputs`` (the forward's result). A forward run
+        inside a backward (a checkpoint recomputing it) arms nothing: that backward is armed already."""
+        if torch._C._current_graph_task_id() != -1:
+            return
+        self._queued = False  # (a backward that raised before its end left it set)
         for t in output_tensors(outputs):
             if t.grad_fn is not None:
                 t.grad_fn.register_prehook(self._queue)
@@ -156,7 +160,3 @@ class ShardedGradients:
                 else:
                     p.grad.copy_(g)
                 offset += p.numel()
-
-    def grad_bytes(self) -> int:
-        """Bytes of the gradients this rank holds now."""
-        return sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)

@@ -16,6 +16,7 @@ from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from tp_models import RefModel, TPModel, copy_from, data, max_param_diff
 
+import fleetlite
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, TensorParallel
@@ -320,3 +321,33 @@ def _manual_stage2(rank, world):
 def test_mp2_sharding2_stage2_manual_fused_allreduce_counts_each_gradient_once():
     for diff, d_norm in run_ranks(_manual_stage2, world_size=4, timeout=290):
         assert diff <= 1e-5 and d_norm <= 1e-5, (diff, d_norm)
+
+
+def _trainer_accumulate(rank=0, world=1):
+    """The Trainer's accumulate_grad_batches=2 on mp2 × sharding2 stage 2 (the window keeps full local gradients,
+    its last backward reduces to the owners), or one process with the global batch."""
+    torch.set_num_threads(1)
+    fleet_impl._reset()
+    if world > 1:
+        strategy = fleet.DistributedStrategy(**STAGE2)
+        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1, "sharding_degree": 2}
+        fleet.init(is_collective=True, strategy=strategy)
+    net = hybrid_models.tp_net() if world > 1 else hybrid_models.reference_net()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.02)
+    t = fleetlite.Trainer(net, opt, torch.nn.CrossEntropyLoss(), strategy=strategy if world > 1 else None,
+                          device="cpu")
+    t.compile(global_clipnorm=0.05)
+    t.fit(hybrid_models.dataset(48, 1), epochs=1, batch_size=4 if world > 1 else 8, accumulate_grad_batches=2,
+          shuffle=False, verbose=0)
+    weights = hybrid_models.full_tp_weights(net) if world > 1 else {
+        k: v.detach().clone() for k, v in net.named_parameters()}
+    return weights, t.global_step
+
+
+@pytest.mark.timeout(300)
+def test_trainer_accumulate_grad_batches_mp2_sharding2_stage2():
+    ref, ref_steps = _trainer_accumulate()
+    for weights, steps in run_ranks(_trainer_accumulate, 4, timeout=290):
+        assert steps == ref_steps == 3
+        for k, w in ref.items():
+            assert (weights[k] - w).abs().max() <= 1e-5, k

@@ -231,7 +231,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     the shards when it meets the model. Under ``hybrid_configs``: a
     :class:`PipelineLayer` becomes a ``PipelineParallel`` (the strategies above
     applied to its stage: Note [pipeline strategies]), a model with mp > 1 a
-    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]).
+    ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]); there sharding stage 2 is not FSDP2
+    but each gradient reduced to its ZeRO owner (Note [hybrid sharding stage 2]).
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())
@@ -429,12 +430,16 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
 
 
 def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
-    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding): the hcg's sharding group holds
-    the optimizer state (Note [sharding with mp and pp]); None: every rank (plain stage 1)."""
+    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding), and stage 2 next to mp/pp: the
+    hcg's sharding group holds the optimizer state (Notes [sharding with mp and pp], [hybrid sharding stage 2]);
+    None: every rank (plain stage 1), or FSDP2 (plain stages 2/3)."""
     hcg = _state.hcg
-    if strategy.sharding_stage != 1 or hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
+    if hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
         return None
-    return hcg.get_sharding_parallel_group()
+    hybrid = hcg.get_model_parallel_world_size() > 1 or hcg.get_pipe_parallel_world_size() > 1
+    if strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and hybrid):
+        return hcg.get_sharding_parallel_group()
+    return None
 
 
 def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:

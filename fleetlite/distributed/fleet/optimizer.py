@@ -11,7 +11,8 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
   accumulation window, so the usual ``backward(); step(); clear_grad()`` loop
   works unchanged; a training loop (the Trainer) may drive the window instead;
 * sharding stage 1: the optimizer state is partitioned across ranks with
-  ``torch.distributed.optim.ZeroRedundancyOptimizer``; stages 2/3: the
+  ``torch.distributed.optim.ZeroRedundancyOptimizer`` (stage 2 next to mp/pp too, the model keeping only the
+  owned gradients: Note [hybrid sharding stage 2]); stages 2/3: the
   optimizer is rebuilt over the shards of the
   :class:`~fleetlite.distributed.sharding.ShardedDataParallel` model it is
   attached to, and its ``state_dict`` is gathered in torch's format;
@@ -42,6 +43,7 @@ from .amp import AmpHelper
 from .gradient_merge import GradientMerge
 from .meta_optimizers import MetaOptimizers
 from .meta_parallel.hybrid_clip import HybridParallelClipGrad, grad_clip_norm_of
+from .meta_parallel.hybrid_sharding import mark_partition
 from .strategy import DistributedStrategy
 
 __all__ = ["DistributedOptimizer"]
@@ -128,7 +130,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
         self.meta = MetaOptimizers(optimizer, strategy)  # lamb/lars/localsgd/dgc: what steps in its place
-        self.inner_opt = self._shard(optimizer, group) if strategy.sharding_stage == 1 else self.meta.optimizer
+        # stage 1, and stage 2 next to mp/pp (the hcg's sharding group: Note [hybrid sharding stage 2]), partition the
+        # optimizer state with ZeroRedundancyOptimizer; plain stages 2/3 rebuild it over FSDP2's shards at attach
+        zero = strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and group is not None)
+        self.inner_opt = self._shard(optimizer, group) if zero else self.meta.optimizer
+        if strategy.sharding_stage == 2 and hasattr(self.inner_opt, "_param_to_rank"):
+            mark_partition(self.inner_opt)  # the model keeps the gradients this rank owns
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
         self.hybrid_clip = self._hybrid_clip(optimizer)
 

@@ -286,14 +286,21 @@ class DistributedStrategy:
                              f"of {world_size} (the ranks of one node) or hybrid_dp = False")
 
     def _check_hybrid_sharding(self) -> None:
-        """Sharding next to mp/pp: stage 1 over hybrid_configs' sharding axis (Note [sharding with mp and pp])."""
+        """Sharding next to mp/pp: stages 1 and 2 over hybrid_configs' sharding axis (Notes [sharding with mp and pp],
+        [hybrid sharding stage 2]); stage 3 is refused."""
         hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
         stage, hsd = cfg["stage"], hybrid["sharding_degree"]
-        if stage != 1:
+        if stage == 3:
             raise NotImplementedError(
-                f"sharding stage {stage} together with mp_degree/pp_degree > 1 is not implemented by fleetlite (FSDP2 "
-                "would replace the tensor-parallel slices and the pipeline stages' parameters with its own); set "
-                "sharding_configs['stage'] = 1: the optimizer state is sharded over hybrid_configs' sharding axis")
+                "sharding stage 3 together with mp_degree/pp_degree > 1 is not implemented by fleetlite (its "
+                "parameter sharding is FSDP2's, which would replace the tensor-parallel slices and the pipeline "
+                "stages' parameters with its own); set sharding_configs['stage'] = 2 (optimizer state and "
+                "gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state only)")
+        if stage == 2 and self._values["fp16_allreduce"]:
+            raise NotImplementedError(
+                "fp16_allreduce with sharding stage 2 next to mp_degree/pp_degree > 1: the reduction to each "
+                "gradient's owner (Note [hybrid sharding stage 2]) runs in the gradients' dtype; turn fp16_allreduce "
+                "off, or use sharding stage 1")
         if hsd == 1:
             raise ValueError(
                 "strategy.sharding with mp_degree/pp_degree > 1 shards over hybrid_configs' sharding axis, but "
@@ -308,8 +315,8 @@ class DistributedStrategy:
                 f"sharding_degree (or set it to {hsd})")
         if cfg["offload"] or cfg["wrap"]:
             raise NotImplementedError(
-                "sharding_configs offload/wrap apply to stages 2 and 3 (FSDP2), which do not run with mp_degree/"
-                "pp_degree > 1; stage 1 (ZeroRedundancyOptimizer) shards only the optimizer state: drop them")
+                "sharding_configs offload/wrap apply to FSDP2 (stages 2 and 3 without mp/pp); with mp_degree/"
+                "pp_degree > 1 stages 1 and 2 shard over hybrid_configs' sharding axis without FSDP2: drop them")
         if cfg["dp_degree"] != 1 or cfg["hybrid_dp"]:
             raise ValueError(
                 "sharding_configs['dp_degree'] / ['hybrid_dp'] are static-graph sharding's replicas; with "

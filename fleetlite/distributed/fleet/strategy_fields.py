@@ -238,7 +238,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                           "checkpoint_shape": ([], _ints)},
     "gradient_merge_configs": {"k_steps": (1, _int_at_least(1)), "avg": (True, _bool)},
     "fp16_allreduce_configs": {"dtype": ("float16", _choice("float16", "bfloat16"))},  # fleetlite's own section
-    # Paddle's keys, then fleetlite's: stage 1 is ZeroRedundancyOptimizer, 2/3 FSDP2 (fleetlite.distributed.sharding).
+    # Paddle's keys, then fleetlite's: stage 1 is ZeroRedundancyOptimizer, 2/3 FSDP2 (fleetlite.distributed.sharding);
+    # next to mp/pp stage 2 is ZeroRedundancyOptimizer + owned gradients (meta_parallel/hybrid_sharding.py).
     # sharding_degree: ranks per sharding group (fewer than all = hybrid sharding); at Paddle's default 8 (a
     # static-graph default that Paddle's dygraph ignores) the group is hybrid_configs' sharding_degree, else all
     # ranks; -1 is stored as 8 (same meaning). For groups of exactly 8 use hybrid_configs' sharding_degree.

@@ -140,14 +140,14 @@ def test_pp2_sharding2_stage1_trains_like_a_single_process_on_four_ranks():
 
 
 @pytest.mark.parametrize("fields, hybrid, error, match", [
-    ({"sharding": True, "sharding_configs": {"stage": 2}}, {"mp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "sharding stage 2 together with mp_degree/pp_degree > 1 is not implemented"),
+    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"mp_degree": 2, "sharding_degree": 2},  # (2 runs:
+     NotImplementedError, "sharding stage 3 together with mp_degree/pp_degree > 1 is not implemented"),  # stage2.py)
     ({"sharding": True}, {"pp_degree": 2},
      ValueError, "hybrid_configs['sharding_degree'] is 1: set it to the number of ranks"),
     ({"sharding": True, "sharding_configs": {"sharding_degree": 4}}, {"mp_degree": 2, "sharding_degree": 2},
      ValueError, "sharding_configs['sharding_degree'] = 4 but hybrid_configs['sharding_degree'] = 2"),
     ({"sharding": True, "sharding_configs": {"offload": True}}, {"mp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "offload/wrap apply to stages 2 and 3"),
+     NotImplementedError, "offload/wrap apply to FSDP2"),
     ({}, {"mp_degree": 2, "sharding_degree": 2, "dp_degree": 2}, ValueError, "dp_degree'] = 2 does not fit 4 ranks"),
     ({"sharding": True, "sharding_configs": {"sharding_degree": 2}}, {},  # partial stage 1 only on the hcg's axis
      NotImplementedError, "set hybrid_configs['sharding_degree'] = 2 (dp_degree 2)"),

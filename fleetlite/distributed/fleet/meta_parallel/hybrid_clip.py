@@ -8,6 +8,11 @@ gradients. So: the slices' squared sums are added over the check group (mp × pp
 the replicated ones' over the pipe group only, and nothing is added over dp. Every rank then scales by the
 same coefficient, torch's ``clip_grad_norm_`` rule ``min(1, clip_norm / (norm + 1e-6))``.
 
+With sharding stage 2 (Note [hybrid sharding stage 2]) a rank holds only the gradients it owns (the others
+are None). Only the owned ones are counted (even where a manual all-reduce left the others), and the sum is
+added over the sharding group too: each parameter's owner counts it once. The parameters say so themselves
+(``sharded_grad_group``), so every rank of the group takes part even when it holds no gradient at all.
+
 Example::
 
     norm = clip_grad_norm_hybrid(model.parameters(), 1.0, fleet.get_hybrid_communicate_group())
@@ -21,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from .hybrid_sharding import GRAD_GROUP_ATTR, owned_here
 from .mp_layers import is_split
 from .mp_ops import group_size
 
@@ -33,10 +39,17 @@ def _sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
 
 
+def _sharded_grad_group(params: list[torch.Tensor]) -> Any:
+    """The sharding group over which the gradients' owners are spread (stage 2), else None."""
+    return next((g for p in params if (g := getattr(p, GRAD_GROUP_ATTR, None)) is not None), None)
+
+
 def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
     """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
-    params = [p for p in params if p.grad is not None]
-    device = params[0].grad.device if params else torch.device("cpu")
+    every = list(params)
+    sharded = _sharded_grad_group(every)
+    params = [p for p in (owned_here(every, sharded) if sharded is not None else every) if p.grad is not None]
+    device = params[0].grad.device if params else (every[0].device if every else torch.device("cpu"))
     split = _sq([p.grad for p in params if is_split(p)], device)
     replicated = _sq([p.grad for p in params if not is_split(p) and getattr(p, "is_firstly_shared", True)], device)
     check, pipe = hcg._get_replica_group(), hcg.get_pipe_parallel_group()  # Note [sharding with mp and pp]
@@ -44,13 +57,17 @@ def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor
         tdist.all_reduce(split, group=check)
     if pipe is not None and group_size(pipe) > 1:
         tdist.all_reduce(replicated, group=pipe)
-    return (split + replicated).sqrt()
+    total = split + replicated
+    if sharded is not None and group_size(sharded) > 1:  # stage 2: each owner adds its gradients once
+        tdist.all_reduce(total, group=sharded)
+    return total.sqrt()
 
 
 def clip_grad_norm_hybrid(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
     """Scale every gradient by ``min(1, clip_norm / (global_norm + 1e-6))``; returns the global norm."""
+    params = list(params)
+    norm = global_norm_hybrid(params, hcg)  # (all of them: Note [hybrid global norm] on stage 2)
     params = [p for p in params if p.grad is not None]
-    norm = global_norm_hybrid(params, hcg)
     coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
     with torch.no_grad():
         for p in params:

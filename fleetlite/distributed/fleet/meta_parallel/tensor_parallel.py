@@ -19,6 +19,7 @@ import torch.nn as nn
 from ....parallel import DataParallel
 from ....parallel.comm import broadcast_coalesced
 from . import hybrid_state
+from .hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .mp_layers import is_split
 
 __all__ = ["TensorParallel"]
@@ -33,7 +34,10 @@ class TensorParallel(DataParallel):
     (every parameter broadcast from the dp group's first rank, gradients averaged across the dp group in
     buckets during backward, ``no_sync`` and gradient merge as with ``DataParallel``). ``state_dict`` holds
     this rank's slices under the module's own keys (Paddle's per-mp-rank files); for a reshardable
-    checkpoint see :func:`~fleetlite.distributed.fleet.meta_parallel.sharded_state_dict`.
+    checkpoint see :func:`~fleetlite.distributed.fleet.meta_parallel.sharded_state_dict`. With sharding stage 2
+    (``strategy.sharding_configs['stage'] == 2``) the engine's buckets are not used: at the end of a synced
+    backward each gradient is reduced to the sharding rank whose optimizer partition owns it and freed on the
+    others (``sharded_grads``: Note [hybrid sharding stage 2]).
 
     Example::
 
@@ -47,9 +51,36 @@ class TensorParallel(DataParallel):
         if mp_group is not None and hcg.get_model_parallel_world_size() > 1:
             replicated = [p for p in layers.parameters() if not is_split(p)] + list(layers.buffers())
             broadcast_coalesced([t.data for t in replicated], mp_group)
+        self._grad_stage2 = wants_sharded_gradients(hcg, strategy)  # read by _build_reducer in super().__init__
         super().__init__(layers, group=hcg.get_data_sharding_parallel_group(), **dp_kwargs)  # dp × sharding
         self._hcg = hcg
         self._strategy = strategy
+        #: stage 2: the reduction to the gradients' owners (None: the engine averages every gradient)
+        self.sharded_grads = ShardedGradients(self._layers.parameters(), hcg) if self._grad_stage2 else None
+
+    def _build_reducer(self) -> None:
+        if not self._grad_stage2:
+            super()._build_reducer()
+            return
+        # Note [hybrid sharding stage 2]: a reducer of one rank plans the buckets but allocates no buffer and hooks
+        # no parameter, so gradients stay autograd's tensors until ShardedGradients reduces and frees them
+        world, self.world_size = self.world_size, 1
+        try:
+            super()._build_reducer()
+        finally:
+            self.world_size = world
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self.sharded_grads is None or self.world_size == 1:
+            return super().forward(*inputs, **kwargs)
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.will_sync_module_buffers():  # Note [buffer sync]
+            broadcast_coalesced(self._sync_buffers_list(), self.group)
+        out = self._layers(*inputs, **kwargs)
+        self.require_forward_param_sync = sync
+        if sync:
+            self.sharded_grads.arm(out)
+        return out
 
     # -- the WrappedModel protocol's full weights (Note [hybrid full state]) --------------------------------------
     @property

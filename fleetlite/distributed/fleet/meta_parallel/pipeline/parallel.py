@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from .....parallel.wrapped import WrappedModel
+from ..hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .layers import PipelineLayer
 
 __all__ = ["PipelineParallel"]
@@ -99,6 +100,9 @@ class PipelineParallel(WrappedModel):
         device = next((p.device for p in layers.parameters()), torch.device("cpu"))
         self._stage = PipelineStage(layers, self.stage_id, self.num_stages, device, group=self.pp_group)
         self._broadcast_dp_replicas()
+        #: sharding stage 2: gradients reduced to their owners, freed elsewhere (Note [hybrid sharding stage 2])
+        self.sharded_grads = ShardedGradients(layers.parameters(), hcg) if wants_sharded_gradients(hcg, strategy) \
+            else None
         self._schedules: dict[str, Any] = {}
         self._label_mbs: list[Any] = []
         self._mb_losses: dict[int, torch.Tensor] = {}  # unscaled, by micro-batch
@@ -213,8 +217,12 @@ class PipelineParallel(WrappedModel):
     @torch.no_grad()
     def _reduce_gradients(self) -> None:
         """Note [pipeline gradients]: shared weights summed over their stages, then averaged over data parallel
-        (dp × sharding: Note [sharding with mp and pp])."""
+        (dp × sharding: Note [sharding with mp and pp]); with sharding stage 2 on the owners in the optimizer's
+        partition only, freed elsewhere (Note [hybrid sharding stage 2])."""
         self._layers.allreduce_shared_weight_gradients()
+        if self.sharded_grads is not None:
+            self.sharded_grads.reduce()
+            return
         if self.dp_group is None:
             return
         params = [p for p in self._layers.parameters() if p.requires_grad]

@@ -21,7 +21,8 @@ state of its part of the parameters (``ZeroRedundancyOptimizer`` over the shardi
 parameters are broadcast inside it after the step). Every sharding rank then holds full, equal gradients,
 so one copy of the model is mp × pp × sep of one dp *and* sharding coordinate: the global norm adds the
 slices over that group (``_get_replica_group``), not over Paddle's check group, which spans the sharding
-axis too (Paddle's stage 1 keeps only the owner's gradients).
+axis too (Paddle's stage 1 keeps only the owner's gradients). Under stage 2 a rank keeps only the gradients it
+owns, and the norm adds the owners' sums over the sharding group too (Note [hybrid sharding stage 2]).
 
 Example::
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_models import RefNet, TPNet, batches, init_fleet, opt_state, tp_trainer
+from hybrid_ckpt_models import RefNet, TPNet, batches, init_fleet, opt_state, tp_trainer
 
 import fleetlite
 import fleetlite.checkpoint as ckpt

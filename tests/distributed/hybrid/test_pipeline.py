@@ -231,7 +231,7 @@ def test_evaluating_between_steps_does_not_change_training(kind):
     last stage are the model's."""
     plain = run_ranks(_eval_between_steps, 2, args=(False, kind), timeout=100)
     evaluated = run_ranks(_eval_between_steps, 2, args=(True, kind), timeout=100)
-    for (w0, _), (w1, outs) in zip(plain, evaluated):
+    for (w0, _), (w1, _outs) in zip(plain, evaluated):
         for k in w0:
             assert torch.equal(w0[k], w1[k]), k
     assert evaluated[0][1][0] is None and evaluated[1][1][0].shape[0] == ROWS

@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(MAKE) --no-print-directory docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link, anchor, nav entry or API reference fails.
 # The API pages read this checkout's sources (no import). NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.

@@ -33,8 +33,36 @@ class SpawnError(RuntimeError):
         self.rank = rank
 
 
+# Note [master port]
+# The port is picked here and bound later by rank 0's TCPStore, so in between another socket may take it. The
+# kernel hands out its *ephemeral* ports (net.ipv4.ip_local_port_range, 32768-60999 by default) to every outgoing
+# connection, and a training's gloo ranks open many: a port the kernel just gave us for ``bind(0)`` is soon handed
+# to a client socket, and rank 0 then fails with EADDRINUSE. So the master port is drawn at random from the
+# 12,000 ports below that range, which the kernel never assigns by itself, and checked free; two launches picking
+# at the same time (parallel test workers) meet with odds of 1 in 12,000. Without such a range it is bind(0).
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
+    """A TCP port that is free on ``host`` right now, below the kernel's ephemeral range (Note [master port])."""
+    import random
+
+    low = _ephemeral_low()
+    if low - 12000 >= 1024:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(low - 12000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

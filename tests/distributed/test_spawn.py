@@ -149,3 +149,17 @@ def test_spawn_inside_a_multi_process_job_is_refused_at_once(clean_dist_env):
     with pytest.raises(SpawnError, match=r"rank 1 of a job of 2 processes.*call the function directly") as info:
         dist.spawn(_all_reduce_rank, args=("unused", 1.0), nprocs=2)
     assert "\n" not in str(info.value) and time.monotonic() - start < 5
+
+
+def test_master_port_is_below_the_kernels_ephemeral_range_and_free():
+    """Note [master port]: a port the kernel never hands to an outgoing connection, free when picked."""
+    import socket
+
+    from fleetlite.distributed.spawn import _ephemeral_low, find_free_port
+
+    low = _ephemeral_low()
+    ports = {find_free_port() for _ in range(20)}
+    assert all(low - 12000 <= p < low for p in ports) and len(ports) > 1
+    for p in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", p))  # still free

@@ -64,11 +64,8 @@ def _slice(full, p, hcg):
     return full.chunk(hcg.get_model_parallel_world_size(), dim=p.split_axis)[hcg.get_model_parallel_rank()]
 
 
-def tensor_parallel(rank, world):
-    from fleetlite.distributed import fleet
-    from fleetlite.trainer.clipping import ClipGradByGlobalNorm
-
-    _, hcg, device = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+def _tp_pair(hcg, device):
+    """(the one-GPU reference, the tensor-parallel net holding its slices, the reference's weights by TP name)."""
     ref = _reference(device)
     full = {"up.weight": ref[0].weight, "up.bias": ref[0].bias, "down.weight": ref[2].weight,
             "down.bias": ref[2].bias}
@@ -76,6 +73,15 @@ def tensor_parallel(rank, world):
     with torch.no_grad():
         for name, p in net.named_parameters():
             p.copy_(_slice(full[name], p, hcg))
+    return ref, net, full
+
+
+def tensor_parallel(rank, world):
+    from fleetlite.distributed import fleet
+    from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+    _, hcg, device = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    ref, net, full = _tp_pair(hcg, device)
     model = fleet.distributed_model(net)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     opt._grad_clip = ClipGradByGlobalNorm(CLIP)
@@ -143,13 +149,7 @@ def trainer_tp(rank, world):
     import fleetlite
 
     strategy, hcg, device = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
-    ref = _reference(device)
-    full = {"up.weight": ref[0].weight, "up.bias": ref[0].bias, "down.weight": ref[2].weight,
-            "down.bias": ref[2].bias}
-    net = _TP().to(device)
-    with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.copy_(_slice(full[name], p, hcg))
+    ref, net, full = _tp_pair(hcg, device)
     g = torch.Generator().manual_seed(7)
     x, y = torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
     t = fleetlite.Trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-2), nn.CrossEntropyLoss(),

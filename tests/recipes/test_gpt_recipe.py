@@ -53,7 +53,7 @@ def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
     assert "gpt" in recipe_names()
     names = config_names("gpt")
     assert names[0] == "gpt.yaml"
-    assert {f"gpt/hybrid/{o}.yaml" for o in ("none", "dp2_mp2", "pp2", "dp2_pp2")} <= set(names)
+    assert {f"gpt/hybrid/{o}.yaml" for o in ("none", "dp2_mp2", "pp2", "dp2_pp2", "mp2_pp2")} <= set(names)
     assert not any(n.startswith("gpt/") for n in config_names("cifar10"))  # a recipe's own groups stay its own
     assert "model/resnet18.yaml" not in names
 
@@ -68,6 +68,13 @@ def test_dp2_mp2_on_four_ranks_equals_one_process(reference, tmp_path):
 @pytest.mark.timeout(600)
 def test_dp2_pp2_on_four_ranks_equals_one_process(reference, tmp_path):
     steps, final = losses(fleetlite_run([*TINY, "hybrid=dp2_pp2"], tmp_path, nproc=4, timeout=400))
+    assert steps == pytest.approx(reference[0], abs=1e-4)
+    assert final == pytest.approx(reference[1], abs=1e-4)
+
+
+@pytest.mark.timeout(600)
+def test_mp2_pp2_on_four_ranks_equals_one_process(reference, tmp_path):
+    steps, final = losses(fleetlite_run([*TINY, "hybrid=mp2_pp2"], tmp_path, nproc=4, timeout=400))
     assert steps == pytest.approx(reference[0], abs=1e-4)
     assert final == pytest.approx(reference[1], abs=1e-4)
 

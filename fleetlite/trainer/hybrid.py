@@ -1,23 +1,24 @@
 """How the Trainer runs hybrid-parallel models (``strategy.hybrid_configs`` with ``mp_degree``/``pp_degree`` > 1).
 
 # Note [hybrid trainer]
-Tensor parallel (``TensorParallel``, the data-parallel engine over the dp group): the Trainer's steps run
-unchanged. What differs is where the data is split and summed (Note [data group]: the dp group, so the
-ranks of one tensor-parallel group read the same batches and are not counted twice) and clipping (the
-global norm of the whole model, each parameter once across dp, mp and pp: :mod:`~.clipping`).
+Tensor parallel (``TensorParallel``, the data-parallel engine over the dp × sharding group): the Trainer's
+steps run unchanged. What differs is where the data is split and summed (Note [data group]: the dp ×
+sharding group, so the ranks of one tensor-parallel group read the same batches and are not counted twice)
+and clipping (the global norm of the whole model, each parameter once across dp, sharding, mp and pp:
+:mod:`~.clipping`).
 
-Pipeline (``PipelineParallel``): no rank holds the whole model's forward, so :class:`PipelineSteps` runs
-the Trainer's steps through the pipeline's own. Training: ``train_batch`` (its micro-batches are the
-gradient accumulation: ``accumulate_grad_batches`` and gradient merge are refused) with, as its
-optimizer, the Trainer's ``optimizer_step`` (the Trainer's clipping, the DistributedOptimizer's amp and
-hybrid clip); the logged loss is the pipeline's mean loss (the same on every stage); training metrics
-are computed on the last stage from the micro-batch outputs (a forward hook on its stage). Evaluation and
-prediction: ``eval_batch`` on a batch padded to the pipeline's ``accumulate_steps * micro_batch_size``
-rows (repeats of its first row; the padded rows' outputs are dropped), so a short last batch works; loss
-and metrics are computed on the last stage, reduced over its data group, and the logs (or predictions)
-sent to the other stages, so every rank returns the same. Every batch must have exactly the pipeline's
-rows in training (checked before the first step) and at most that many in evaluation and prediction; the
-outputs' first dimension must be the batch.
+Pipeline (``PipelineParallel``): no rank holds the whole model's forward, so :class:`PipelineSteps` runs the
+Trainer's steps through the pipeline's own. Training: ``train_batch`` (its micro-batches are the gradient
+accumulation: ``accumulate_grad_batches`` and gradient merge are refused) with, as its optimizer, the
+Trainer's ``optimizer_step`` (the Trainer's clipping, the DistributedOptimizer's amp and hybrid clip); the
+logged loss is the pipeline's mean loss (the same on every stage); training metrics are computed on the last
+stage from the micro-batch outputs (a forward hook on its stage, in training only). Evaluation and prediction:
+``eval_batch`` on a batch padded to the pipeline's ``accumulate_steps * micro_batch_size`` rows (repeats of
+its first row; the padded rows' outputs are dropped), so a short last batch works; loss and metrics are
+computed on the last stage, reduced over its data group, and the logs (or predictions) sent to the other
+stages, so every rank returns the same. Every batch must have exactly the pipeline's rows in training (checked
+before the first step) and at most that many in evaluation and prediction; the outputs' first dimension must
+be the batch.
 
 Example::
 

@@ -59,22 +59,9 @@ def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
 
 
 @pytest.mark.timeout(600)
-def test_dp2_mp2_on_four_ranks_equals_one_process(reference, tmp_path):
-    steps, final = losses(fleetlite_run([*TINY, "hybrid=dp2_mp2"], tmp_path, nproc=4, timeout=400))
-    assert steps == pytest.approx(reference[0], abs=1e-4)
-    assert final == pytest.approx(reference[1], abs=1e-4)
-
-
-@pytest.mark.timeout(600)
-def test_dp2_pp2_on_four_ranks_equals_one_process(reference, tmp_path):
-    steps, final = losses(fleetlite_run([*TINY, "hybrid=dp2_pp2"], tmp_path, nproc=4, timeout=400))
-    assert steps == pytest.approx(reference[0], abs=1e-4)
-    assert final == pytest.approx(reference[1], abs=1e-4)
-
-
-@pytest.mark.timeout(600)
-def test_mp2_pp2_on_four_ranks_equals_one_process(reference, tmp_path):
-    steps, final = losses(fleetlite_run([*TINY, "hybrid=mp2_pp2"], tmp_path, nproc=4, timeout=400))
+@pytest.mark.parametrize("hybrid", ["dp2_mp2", "dp2_pp2", "mp2_pp2"])
+def test_four_rank_groups_equal_one_process(reference, tmp_path, hybrid):
+    steps, final = losses(fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=4, timeout=400))
     assert steps == pytest.approx(reference[0], abs=1e-4)
     assert final == pytest.approx(reference[1], abs=1e-4)
 

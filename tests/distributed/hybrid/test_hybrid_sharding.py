@@ -8,7 +8,7 @@ import torch
 import torch.distributed as tdist
 from pipeline_models import copy_from as pp_copy_from
 from pipeline_models import reference, tied_batch, tied_descs, tied_loss
-from tp_models import RefModel, TPModel, copy_from, data, max_param_diff
+from tp_models import RefModel, TPModel, copy_from, data, max_param_diff, train_with_reference
 
 import fleetlite
 import fleetlite.distributed.fleet as fleet
@@ -57,21 +57,8 @@ def _mp_sharding(rank, world, sharding_flag):
     opt = fleet.distributed_optimizer(opt)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
-    losses, ref_losses, norms, ref_norms = [], [], [], []
-    for ids, labels in data(STEPS, BATCH * parts):
-        rows = slice(part * BATCH, (part + 1) * BATCH)
-        loss = model(ids[rows], labels[rows])
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        losses.append(loss.item())
-        norms.append(opt.hybrid_clip.last_norm.item())
-        ref_loss = ref(ids, labels)
-        ref_loss.backward()
-        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item())
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(ref_loss.item())
+    losses, ref_losses, norms, ref_norms = train_with_reference(model, opt, ref, ref_opt, STEPS, BATCH, part, parts,
+                                                                CLIP)
     full = torch.tensor(losses)
     tdist.all_reduce(full, group=hcg.get_data_sharding_parallel_group())
     full /= parts

@@ -14,7 +14,7 @@ from pipeline_models import copy_from as pp_copy_from
 from pipeline_models import reference, tied_batch, tied_descs, tied_loss
 from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from tp_models import RefModel, TPModel, copy_from, data, max_param_diff
+from tp_models import RefModel, TPModel, copy_from, data, max_param_diff, train_with_reference
 
 import fleetlite
 import fleetlite.distributed.fleet as fleet
@@ -60,22 +60,10 @@ def _mp_stage2(rank, world, stage, dp=1):
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     params = list(model.parameters())
     part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
-    losses, ref_losses, norms, ref_norms, owned = [], [], [], [], []
-    for ids, labels in data(STEPS, BATCH * parts):
-        rows = slice(part * BATCH, (part + 1) * BATCH)
-        loss = model(ids[rows], labels[rows])
-        loss.backward()
-        owned.append(_ownership(params, opt, hcg))
-        opt.step()
-        opt.clear_grad()
-        losses.append(loss.item())
-        norms.append(opt.hybrid_clip.last_norm.item())
-        ref_loss = ref(ids, labels)
-        ref_loss.backward()
-        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item())
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(ref_loss.item())
+    owned = []
+    losses, ref_losses, norms, ref_norms = train_with_reference(
+        model, opt, ref, ref_opt, STEPS, BATCH, part, parts, CLIP,
+        after_backward=lambda _step: owned.append(_ownership(params, opt, hcg)))
     full = torch.tensor(losses)
     tdist.all_reduce(full, group=hcg.get_data_sharding_parallel_group())
     full /= parts

@@ -3,7 +3,7 @@ run of the same model from the same weights: parameters, losses and the clipped 
 
 import pytest
 import torch
-from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff
+from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -26,21 +26,8 @@ def _train(rank, world, degrees):
     opt = fleet.distributed_optimizer(opt)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     dp, dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
-    losses, ref_losses, norms, ref_norms = [], [], [], []
-    for ids, labels in data(STEPS, BATCH * dp):
-        part = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
-        loss = model(ids[part], labels[part])
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        losses.append(loss.item())
-        norms.append(opt.hybrid_clip.last_norm.item())
-        ref_loss = ref(ids, labels)
-        ref_loss.backward()
-        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP).item())
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(ref_loss.item())
+    losses, ref_losses, norms, ref_norms = train_with_reference(model, opt, ref, ref_opt, STEPS, BATCH, dp_rank, dp,
+                                                                CLIP)
     full_loss = torch.tensor(losses)
     if dp > 1:  # the full batch's loss: the mean over the dp replicas' halves
         torch.distributed.all_reduce(full_loss, group=hcg.get_data_parallel_group())

@@ -81,3 +81,28 @@ def data(steps, batch):
     g = torch.Generator().manual_seed(7)
     return [(torch.randint(0, VOCAB, (batch, 5), generator=g), torch.randint(0, VOCAB, (batch, 5), generator=g))
             for _ in range(steps)]
+
+
+def train_with_reference(model, opt, ref, ref_opt, steps, rows, part, parts, clip, after_backward=None):
+    """``steps`` AdamW steps of the hybrid ``model`` on its ``part`` of ``parts`` data parts (``rows`` rows each)
+    beside the single-process ``ref`` on the whole batch, clipped by ``clip`` (torch's ``clip_grad_norm_`` for the
+    reference; the hybrid optimizer clips through its ``hybrid_clip``). ``after_backward(step)``: called between
+    the hybrid backward and step. Returns (losses, reference losses, norms, reference norms), one per step."""
+    losses, ref_losses, norms, ref_norms = [], [], [], []
+    for step, (ids, labels) in enumerate(data(steps, rows * parts)):
+        part_rows = slice(part * rows, (part + 1) * rows)
+        loss = model(ids[part_rows], labels[part_rows])
+        loss.backward()
+        if after_backward is not None:
+            after_backward(step)
+        opt.step()
+        opt.clear_grad()
+        losses.append(loss.item())
+        norms.append(opt.hybrid_clip.last_norm.item())
+        ref_loss = ref(ids, labels)
+        ref_loss.backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), clip).item())
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_loss.item())
+    return losses, ref_losses, norms, ref_norms

@@ -9,8 +9,11 @@ multi-process alike (with one rank the engine is a pass-through).
 The Trainer starts the fleet with its whole strategy (``fleet.init(...,
 by_trainer=True)``), gradient merge included: that is the optimizer's window,
 driven by the Trainer's loop (Note [gradient merge window]). A Trainer built
-without a strategy takes the one the user gave ``fleet.init``
-(``fleet.user_strategy()``), never one an earlier Trainer left.
+without a strategy takes the one the user last gave ``fleet.init``
+(``fleet.user_strategy()``), never one an earlier Trainer left: a Trainer's
+own ``init`` replaces the strategy in force but not the user's, so every
+Trainer without ``strategy=`` takes the user's until the user calls
+``fleet.init`` again (the same degrees, so the same hybrid topology).
 """
 
 from __future__ import annotations

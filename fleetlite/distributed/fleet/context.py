@@ -33,7 +33,10 @@ class FleetState:
 
     def __init__(self) -> None:
         self.strategy: DistributedStrategy | None = None
-        self.by_trainer = False  # the strategy was set by a fleetlite.Trainer, not the user (fleet.user_strategy)
+        # The strategy the user last gave fleet.init or distributed_optimizer (None before): a Trainer's own
+        # fleet.init replaces ``strategy`` but never this, so every Trainer built without a strategy takes it
+        # (Note [trainer strategy]).
+        self.user_strategy: DistributedStrategy | None = None
         self.role_maker: Any = None  # a fleet.PaddleCloudRoleMaker
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # fleet.DistributedOptimizer objects

@@ -111,8 +111,8 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
 
     The strategy is copied (later changes to the object have no effect; pass
     it again to ``init`` or ``distributed_optimizer``). A second call keeps
-    the process group and replaces the strategy. ``by_trainer``: a Trainer's own strategy (not the user's, so
-    a later Trainer built without one does not inherit it: :func:`user_strategy`).
+    the process group and replaces the strategy. ``by_trainer``: a Trainer's own strategy; it does not replace
+    the user's (:func:`user_strategy`), which every Trainer built without a strategy takes.
     """
     if role_maker is not None:
         if not isinstance(role_maker, PaddleCloudRoleMaker):
@@ -126,7 +126,9 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     _set_log_level(log_level)
     resolved.check_supported(_world_size())  # before any process group exists
     collective.init_parallel_env()
-    _state.strategy, _state.by_trainer = resolved, by_trainer
+    _state.strategy = resolved
+    if not by_trainer:
+        _state.user_strategy = resolved
     _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
     degrees = resolved.hybrid_degrees(_world_size())
     if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
@@ -177,8 +179,11 @@ def _require_init(what: str) -> DistributedStrategy:
 
 
 def user_strategy() -> DistributedStrategy | None:
-    """A copy of the strategy the user gave :func:`init`; None before ``init`` or when a Trainer set it since."""
-    return None if _state.strategy is None or _state.by_trainer else copy.deepcopy(_state.strategy)
+    """A copy of the strategy the user last gave :func:`init` (or :func:`distributed_optimizer`); None before.
+
+    A Trainer's own ``init`` does not change it (Note [trainer strategy]).
+    """
+    return None if _state.user_strategy is None else copy.deepcopy(_state.user_strategy)
 
 
 def _first_device(module: nn.Module) -> torch.device:
@@ -411,8 +416,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
             msg += (f". It changes model-side fields {changed} that distributed_model already applied with the old "
                     "strategy: wrap the model again (or pass the strategy to fleet.init) for them to take effect")
         warnings.warn(msg, stacklevel=2)
-        _state.strategy = current = new
-        _state.by_trainer = False
+        _state.strategy = _state.user_strategy = current = new
     current.check_supported(_world_size())
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"distributed_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")

@@ -88,7 +88,7 @@ def _assert_slices_equal(net, ref, hcg, tol):
 
 def _train(model, opt, batches, part=0, rows=6):
     for x, y in batches:
-        opt.clear_grad() if hasattr(opt, "clear_grad") else opt.zero_grad()
+        opt.clear_grad()
         F.mse_loss(model(x[part * rows:(part + 1) * rows]), y[part * rows:(part + 1) * rows]).backward()
         opt.step()
 

@@ -16,6 +16,15 @@ epoch start, the epoch's partial sums: ``FitState.rank_state_dict``) · ``world_
 ``meta``. A sharded checkpoint (a DCP directory) holds the model and optimizer as shards and the rest as
 ``trainer.pt``.
 
+# Note [per-rank state]
+Under local SGD (weights and momentum differ between averagings) and DGC (each rank's unsent residuals) the ranks'
+model and optimizer states differ, so rank 0's alone cannot resume the run: each rank's entry of ``ranks`` then
+also holds ``state`` (``{"model": this rank's module state_dict, "optimizer": its optimizer state_dict}``, on the
+CPU), written in the same atomic file (or ``trainer.pt``) as the rest. A resume on the same ranks and degrees loads
+each rank's own after the shared model and optimizer (step (2) of Note [resume order]); elsewhere every rank resumes
+from rank 0's, with a warning. Whether the ranks differ is the optimizer's to say (``meta.rank_local``); plain data
+parallel checkpoints hold no ``state`` and old checkpoints load as before.
+
 # Note [hybrid checkpoints in the Trainer]
 A tensor- or pipeline-parallel model is checkpointed as a DCP directory whatever asked for the checkpoint
 (``ModelCheckpoint``, ``fit(save_dir=...)``, ``Trainer.save``/``save_checkpoint``: a ``NAME.pt`` path becomes
@@ -165,6 +174,8 @@ class CheckpointConnector:
         tracker = get_rng_state_tracker().get_states_tracker()
         if tracker:  # Note [hybrid checkpoints in the Trainer]
             entry["mp_rng"] = tracker
+        if self._rank_local():  # Note [per-rank state]
+            entry["state"] = _on_cpu({"model": self._module().state_dict(), "optimizer": t.optimizer.state_dict()})
         ranks = collective.all_gather_object(entry)
         optimizer = t.optimizer.state_dict() if optimizer and t.optimizer is not None else None  # collective
         model = self.model_state() if weights else None  # collective if sharded
@@ -327,6 +338,7 @@ class CheckpointConnector:
         t, s, path = self.trainer, loaded.state, Path(loaded.path)
         self._restore_model(path, s)                                              # (1)
         self._restore_optimizer_and_scaler(path, s)                               # (2)
+        self._restore_rank_state(path, s)                                         # Note [per-rank state]
         progress = s["progress"]                                                  # (3)
         t.fit_state.load_state_dict(progress)
         try:
@@ -379,6 +391,30 @@ class CheckpointConnector:
                 amp.load_state_dict(s["scaler"])
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(path, f"incompatible with this run: {e}") from None
+
+    def _rank_local(self) -> bool:
+        """Whether the ranks' model and optimizer states differ (Note [per-rank state])."""
+        meta = getattr(self.trainer.optimizer, "meta", None)
+        return collective.is_initialized() and bool(getattr(meta, "rank_local", False))
+
+    def _restore_rank_state(self, path: Path, s: dict[str, Any]) -> None:
+        """This rank's own model and optimizer state where the checkpoint holds every rank's (Note [per-rank state])."""
+        if not any("state" in r for r in s["ranks"]):
+            return
+        world = collective.get_world_size()
+        saved = s.get("degrees") or {"dp": s["world_size"], "mp": 1, "pp": 1}
+        if s["world_size"] != world or saved != self.degrees():
+            if collective.get_rank() == 0:
+                warn_user(f"fleetlite: {path} holds each of its {s['world_size']} ranks' own state (local SGD or "
+                          f"DGC); on {world} ranks with other degrees every rank resumes from rank 0's, so the run "
+                          "differs from an uninterrupted one")
+            return
+        mine = s["ranks"][collective.get_rank()]["state"]
+        try:
+            self._module().load_state_dict(mine["model"])
+            self.trainer.optimizer.load_state_dict(mine["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(path, f"incompatible with this run (its per-rank state): {e}") from None
 
     # -- Trainer.load -------------------------------------------------------------------------------------------------
     def load(self, path: str | Path, skip_mismatch: bool = False, reset_optimizer: bool = False) -> None:
@@ -445,6 +481,17 @@ class CheckpointConnector:
             check_optimizer(path, s, t.user_optimizer, "use reset_optimizer=True to load the weights only")
         t.setup()
         load_app_state(self._module(), None if reset_optimizer else t.optimizer, path)
+
+
+def _on_cpu(value: Any) -> Any:
+    """A copy of ``value`` with every tensor on the CPU (gathered from every rank, written by rank 0)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
 
 
 def _show(degrees: dict[str, int]) -> str:

@@ -22,7 +22,8 @@ def _grads(model, step):
 
 
 def _lamb_reference(net, lr, betas, eps, wd, exclude):
-    """Paddle's lamb kernel written out: bias-corrected moments, decay added to r, trust ratio ||w|| / ||r||."""
+    """Paddle's lamb kernel written out: bias-corrected moments, decay added to r, trust ratio ||w|| / ||r|| (none
+    without decay: Lamb's always_adapt=False)."""
     model = copy.deepcopy(net)
     b1, b2 = betas
     m = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
@@ -38,7 +39,7 @@ def _lamb_reference(net, lr, betas, eps, wd, exclude):
                 decay = 0.0 if any(n.endswith(e) for e in exclude) else wd
                 r = r + decay * p
                 pn, rn = p.norm().item(), r.norm().item()
-                ratio = pn / rn if pn > 0 and rn > 0 else 1.0
+                ratio = pn / rn if pn > 0 and rn > 0 and decay > 0 else 1.0
                 p -= lr * ratio * r
     return model
 

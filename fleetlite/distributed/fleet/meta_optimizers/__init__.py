@@ -62,23 +62,45 @@ def _refuse_combinations(s) -> None:
                                   "amp_configs['dtype'] = 'bfloat16' (no loss scaling) or turn one off")
 
 
+class _Mesh:
+    """Where the meta-optimizers act under ``hybrid_configs``: local SGD and DGC over the data-parallel group
+    only (the model-parallel ranks hold different slices, the pipeline stages different layers), LAMB's and LARS'
+    slice norms over the model-parallel group (Note [layer-wise norms under mp])."""
+
+    def __init__(self, hcg) -> None:
+        mp = hcg.get_model_parallel_world_size() if hcg is not None else 1
+        self.pp = hcg.get_pipe_parallel_world_size() if hcg is not None else 1
+        self.hybrid = mp > 1 or self.pp > 1
+        self.mp_group = hcg.get_model_parallel_group() if mp > 1 else None
+        self.data_group = hcg.get_data_parallel_group() if self.hybrid else None
+        self.data_world = hcg.get_data_parallel_world_size() if self.hybrid else _world()
+        self.one_rank = (f"the data-parallel group has one rank (mp_degree={mp}, pp_degree={self.pp}, dp_degree=1)"
+                         if self.hybrid else "there is one rank")
+
+    def refuse_pipeline(self, which: str) -> None:
+        if self.pp > 1:
+            raise NotImplementedError(f"strategy.{which} with pp_degree > 1: the pipeline reduces its gradients "
+                                      "itself and has no comm hook for it; turn one of them off")
+
+
 class MetaOptimizers:
     """The meta-optimizers a strategy turns on, for one ``DistributedOptimizer``.
 
     ``optimizer`` is what steps (the user's optimizer, or Lamb/LarsMomentum over its groups).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, strategy) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, strategy, hcg=None) -> None:
         self.names = ParamNames()
         self.optimizer = optimizer
         self.applied: list[str] = []
+        self.mesh = _Mesh(hcg)
         s = strategy
         _refuse_combinations(s)
         if s.lamb:
             if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
                 cfg = s.lamb_configs
                 self.optimizer = Lamb(optimizer, cfg["lamb_weight_decay"], cfg["exclude_from_weight_decay"],
-                                      self.names)
+                                      self.names, mp_group=self.mesh.mp_group)
                 self.applied.append("lamb")
             else:
                 warn_user(f"strategy.lamb is on but the optimizer is {type(optimizer).__name__}: LAMB needs Adam or "
@@ -87,7 +109,8 @@ class MetaOptimizers:
             if _is_momentum_sgd(optimizer):
                 cfg = s.lars_configs
                 self.optimizer = LarsMomentum(optimizer, cfg["lars_coeff"], cfg["lars_weight_decay"], cfg["epsilon"],
-                                              cfg["exclude_from_weight_decay"], self.names)
+                                              cfg["exclude_from_weight_decay"], self.names,
+                                              mp_group=self.mesh.mp_group)
                 self.applied.append("lars")
             else:
                 warn_user(f"strategy.lars is on but the optimizer is {type(optimizer).__name__} without momentum or "
@@ -102,34 +125,46 @@ class MetaOptimizers:
 
     def _local_sgd(self, optimizer: torch.optim.Optimizer, s) -> None:
         which = "adaptive_localsgd" if s.adaptive_localsgd else "localsgd"
-        world = _world()
+        world, mesh = self.mesh.data_world, self.mesh
         if not isinstance(optimizer, torch.optim.SGD) or world <= 1:
-            why = f"the optimizer is {type(optimizer).__name__}, not SGD" if world > 1 else "there is one rank"
+            why = f"the optimizer is {type(optimizer).__name__}, not SGD" if world > 1 else mesh.one_rank
             warn_user(f"strategy.{which} is on but {why}: local SGD needs SGD (with or without momentum) and more "
-                      "than one rank (as in Paddle) and is not applied; training is plain data parallel")
+                      "than one data-parallel rank (as in Paddle) and is not applied; training is plain data parallel")
             return
+        mesh.refuse_pipeline(which)
         from .localsgd import AdaptiveAverager, LocalSGDOptimizer
 
+        group = mesh.data_group
         if s.localsgd:
             cfg = s.localsgd_configs
-            self.optimizer = LocalSGDOptimizer.periodic(optimizer, cfg["k_steps"], cfg["begin_step"])
+            self.optimizer = LocalSGDOptimizer.periodic(optimizer, cfg["k_steps"], cfg["begin_step"], group)
         else:
             cfg = s.adaptive_localsgd_configs
             averager = AdaptiveAverager(cfg["init_k_steps"], cfg["begin_step"], self._recorded_loss,
-                                        lambda: optimizer.param_groups[0]["lr"])
-            self.optimizer = LocalSGDOptimizer(optimizer, averager, cfg["begin_step"])
+                                        lambda: optimizer.param_groups[0]["lr"], process_group=group)
+            self.optimizer = LocalSGDOptimizer(optimizer, averager, cfg["begin_step"], group)
         self.optimizer.after_step = self._forget_loss
         self.applied.append(which)
 
     def _dgc(self, optimizer: torch.optim.Optimizer, s) -> None:
-        if not _is_momentum_sgd(optimizer) or _world() <= 1:
-            why = "there is one rank" if _world() <= 1 else f"the optimizer is {type(optimizer).__name__}"
+        world = self.mesh.data_world
+        if not _is_momentum_sgd(optimizer) or world <= 1:
+            why = self.mesh.one_rank if world <= 1 else f"the optimizer is {type(optimizer).__name__}"
             warn_user(f"strategy.dgc is on but {why}: DGC needs torch.optim.SGD with momentum > 0 (Paddle's "
-                      "Momentum) and more than one rank, and is not applied; training is dense data parallel")
+                      "Momentum) and more than one data-parallel rank, and is not applied; training is dense data "
+                      "parallel")
             return
+        self.mesh.refuse_pipeline("dgc")
         cfg = s.dgc_configs
-        self.optimizer = DGCMomentum(optimizer, cfg["rampup_begin_step"], cfg["rampup_step"], cfg["sparsity"])
+        self.optimizer = DGCMomentum(optimizer, cfg["rampup_begin_step"], cfg["rampup_step"], cfg["sparsity"],
+                                     process_group=self.mesh.data_group)
         self.applied.append("dgc")
+
+    @property
+    def rank_local(self) -> bool:
+        """Whether each rank's model and optimizer state differ (local SGD between averagings, DGC's residuals):
+        a checkpoint must keep every rank's (Note [per-rank state] in ``fleetlite.trainer.checkpoint_connector``)."""
+        return any(name in self.applied for name in ("localsgd", "adaptive_localsgd", "dgc"))
 
     @property
     def dgc_state(self):

@@ -7,8 +7,13 @@ links them, :meth:`ParamNames.add_model`); a wrapper's prefix (``_layers.``,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as tdist
 import torch.nn as nn
+
+from ..meta_parallel.mp_layers import is_split
 
 _PREFIXES = ("_layers.", "module.", "_orig_mod.")
 
@@ -50,3 +55,50 @@ class SharedGroupsOptimizer(torch.optim.Optimizer):
         for mine, theirs in zip(self.param_groups, self.inner.param_groups):
             theirs.update({k: v for k, v in mine.items() if k != "params"})
         self.param_groups = self.inner.param_groups
+
+
+def trust_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` where both are positive, else 1 (Paddle's LAMB and LARS kernels)."""
+    return torch.where((num > 0) & (den > 0), num / den, torch.ones_like(num))
+
+
+class SliceNorms:
+    """Norms of whole tensors under tensor parallelism, for the per-parameter ratios of LAMB and LARS.
+
+    # Note [layer-wise norms under mp]
+    LAMB's trust ratio and LARS' local learning rate take ``||w||`` and the norm of each parameter's update
+    (LAMB) or gradient (LARS) over the whole tensor. Under tensor parallelism (``mp_degree`` > 1) a slice
+    (``split_axis``) holds a part of it on each model-parallel rank, so its squared norms are summed over the mp
+    group first (one all-reduce per step for all the slices, as the hybrid global-norm clip does); replicated
+    parameters are whole on every rank and take their own norms. The step defers the slices (:meth:`add`) and
+    finishes them once :meth:`finish` has their whole-tensor norms.
+
+    Example::
+
+        norms = SliceNorms(hcg.get_model_parallel_group())
+        if norms.wants(p):
+            norms.add(p, r, lr)                      # (param, other tensor, anything the update needs)
+        for (p, r, lr), w_norm, r_norm in norms.finish():
+            ...
+    """
+
+    def __init__(self, mp_group: Any) -> None:
+        self.group = mp_group
+        self._deferred: list[tuple[Any, ...]] = []
+
+    def wants(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` is a slice whose norms need the other mp ranks' parts."""
+        return self.group is not None and is_split(p)
+
+    def add(self, p: torch.Tensor, other: torch.Tensor, *rest: Any) -> None:
+        self._deferred.append((p, other, *rest))
+
+    def finish(self) -> list[tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]]:
+        """``(entry, ||p||, ||other||)`` of the whole tensors for every deferred entry (collective over mp)."""
+        deferred, self._deferred = self._deferred, []
+        if not deferred:
+            return []
+        sq = torch.stack([torch.stack([e[0].float().pow(2).sum(), e[1].float().pow(2).sum()]) for e in deferred])
+        tdist.all_reduce(sq, group=self.group)
+        full = sq.sqrt()
+        return [(e, full[i, 0].to(e[0].dtype), full[i, 1].to(e[0].dtype)) for i, e in enumerate(deferred)]

@@ -21,6 +21,10 @@ local gradient inside the hook (Paddle's L2 regularisation in its kernel).
 ``DGCMomentumOptimizer`` default ``[0.999]``. Local gradient clipping
 (``local_grad_clip_norm``, Paddle's ``ClipGradByNorm`` on the optimizer) has
 no strategy key; set ``opt.meta.dgc_state.local_grad_clip_norm``.
+Under ``hybrid_configs`` DGC runs over the data-parallel group only (the
+tensor-parallel model's engine reduces over it): with ``dp_degree`` 1 it is
+not applied, with the warning one process gives; with ``pp_degree`` > 1 and
+more than one data-parallel rank it is refused (the pipeline has no comm hook).
 ``nesterov``/``dampening``/``maximize``, fp16_allreduce, float16 amp (loss
 scaling), sharding and the other meta-optimizers together with DGC are refused.
 """
@@ -52,7 +56,7 @@ class DGCMomentum(SharedGroupsOptimizer):
     """
 
     def __init__(self, inner: torch.optim.SGD, rampup_begin_step: int = 0, rampup_step: int = 1,
-                 sparsity: list[float] | tuple[float, ...] = ()) -> None:
+                 sparsity: list[float] | tuple[float, ...] = (), process_group=None) -> None:
         for g in inner.param_groups:
             if g.get("nesterov") or g.get("dampening"):
                 raise NotImplementedError("strategy.dgc with SGD(nesterov=True) or dampening != 0 is not supported; "
@@ -64,7 +68,7 @@ class DGCMomentum(SharedGroupsOptimizer):
             raise NotImplementedError("strategy.dgc with maximize=True is not supported; minimise the negated "
                                       "objective or turn strategy.dgc off")
         self.inner = inner
-        self.dgc_state = DGCState(momentum.pop(), rampup_begin_step, rampup_step, sparsity)
+        self.dgc_state = DGCState(momentum.pop(), rampup_begin_step, rampup_step, sparsity, process_group=process_group)
         for g in inner.param_groups:
             for p in g["params"]:
                 if g.get("weight_decay"):

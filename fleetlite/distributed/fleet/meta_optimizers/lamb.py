@@ -14,11 +14,15 @@ The update, per parameter ``w`` with gradient ``g`` at step ``t`` (Paddle's
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
     r = (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps) + wd * w
-    w = w - lr * (||w|| / ||r|| if ||w|| > 0 and ||r|| > 0 else 1) * r
+    w = w - lr * (||w|| / ||r|| if ||w|| > 0 and ||r|| > 0 else 1) * r     if wd > 0
+    w = w - lr * r                                                           if wd == 0
 
 ``wd`` is ``lamb_configs['lamb_weight_decay']``, and 0 for a parameter whose
 name ends with an entry of ``lamb_configs['exclude_from_weight_decay']``
-(Paddle's ``param.name.endswith``; names are the model's ``named_parameters``).
+(Paddle's meta-optimizer matches ``param.name.endswith``; names are the model's ``named_parameters``). A
+parameter without decay gets no trust ratio either (``paddle.optimizer.Lamb``'s ``always_adapt=False``, which
+its meta-optimizer keeps). Under tensor parallelism the norms are the whole tensor's, summed over the
+model-parallel group (Note [layer-wise norms under mp] in ``_common``).
 The inner optimizer's own ``weight_decay`` is not used (Paddle builds Lamb with
 ``weight_decay=None``); ``amsgrad`` has no LAMB form and is refused.
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._common import ParamNames, SharedGroupsOptimizer
+from ._common import ParamNames, SharedGroupsOptimizer, SliceNorms, trust_ratio
 
 __all__ = ["Lamb"]
 
@@ -50,7 +54,7 @@ class Lamb(SharedGroupsOptimizer):
 
     def __init__(self, inner: torch.optim.Optimizer, lamb_weight_decay: float = 0.01,
                  exclude_from_weight_decay: list[str] | tuple[str, ...] = (),
-                 names: ParamNames | None = None) -> None:
+                 names: ParamNames | None = None, mp_group: Any = None) -> None:
         if any(g.get("amsgrad") for g in inner.param_groups):
             raise NotImplementedError("strategy.lamb with Adam(amsgrad=True): LAMB has no AMSGrad form; build the "
                                       "optimizer with amsgrad=False or turn strategy.lamb off")
@@ -61,6 +65,7 @@ class Lamb(SharedGroupsOptimizer):
         self.lamb_weight_decay = float(lamb_weight_decay)
         self.exclude = list(exclude_from_weight_decay)
         self.names = names if names is not None else ParamNames()
+        self.mp_group = mp_group  # Note [layer-wise norms under mp]
         super().__init__(inner.param_groups, {})
 
     def _decay(self, p: torch.Tensor) -> float:
@@ -74,6 +79,7 @@ class Lamb(SharedGroupsOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        slices = SliceNorms(self.mp_group)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps = float(group["lr"]), float(group["eps"])
@@ -93,9 +99,14 @@ class Lamb(SharedGroupsOptimizer):
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 r = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps)
                 wd = self._decay(p)
-                if wd:
-                    r.add_(p, alpha=wd)
-                w_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
-                trust = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
-                p.sub_(r * (lr * trust))
+                if not wd:  # Paddle's always_adapt=False: no decay, no trust ratio
+                    p.sub_(r * lr)
+                    continue
+                r.add_(p, alpha=wd)
+                if slices.wants(p):  # Note [layer-wise norms under mp]
+                    slices.add(p, r, lr)
+                    continue
+                p.sub_(r * (lr * trust_ratio(torch.linalg.vector_norm(p), torch.linalg.vector_norm(r))))
+        for (p, r, lr), w_norm, r_norm in slices.finish():
+            p.sub_(r * (lr * trust_ratio(w_norm, r_norm)))
         return loss

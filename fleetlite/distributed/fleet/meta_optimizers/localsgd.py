@@ -29,7 +29,11 @@ Note [local SGD schedule]
     ``DistributedOptimizer.backward`` / ``minimize`` (call one of them).
 
 As in Paddle, local SGD is applied only with SGD (with or without momentum)
-and more than one rank; otherwise a warning says it is not applied. Momentum
+and more than one rank; otherwise a warning says it is not applied. Under
+``hybrid_configs`` the parameters are averaged over the data-parallel group
+only (the model-parallel ranks hold different slices): with ``dp_degree`` 1
+it is not applied, with the same warning; with ``pp_degree`` > 1 and more
+than one data-parallel rank it is refused (the pipeline has no comm hook). Momentum
 buffers stay local (Paddle and torch average parameters only); buffers
 (BatchNorm statistics) are not averaged. Sharding stage 2/3 has no comm hook
 and is refused.
@@ -118,21 +122,24 @@ class LocalSGDOptimizer(PostLocalSGDOptimizer):
         loss.backward(); opt.step()             # averages after steps 14, 18, ...
     """
 
-    def __init__(self, optim: torch.optim.Optimizer, averager: ModelAverager, begin_step: int) -> None:
+    def __init__(self, optim: torch.optim.Optimizer, averager: ModelAverager, begin_step: int,
+                 process_group=None) -> None:
         super().__init__(optim, averager)
-        self.hook_state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=begin_step,
+        self.hook_state = PostLocalSGDState(process_group=process_group, subgroup=None, start_localSGD_iter=begin_step,
                                             post_local_gradient_allreduce=False)
         self.attached = False
         self.after_step: Callable[[], None] | None = None  # e.g. forget the recorded loss
 
     @classmethod
-    def periodic(cls, optim: torch.optim.Optimizer, k_steps: int, begin_step: int) -> LocalSGDOptimizer:
+    def periodic(cls, optim: torch.optim.Optimizer, k_steps: int, begin_step: int,
+                 process_group=None) -> LocalSGDOptimizer:
         import warnings
 
         with warnings.catch_warnings():  # torch advises against period 1; Paddle's default k_steps is 1
             warnings.simplefilter("ignore")
-            averager = PeriodicModelAverager(period=k_steps, warmup_steps=begin_step + k_steps - 1)
-        return cls(optim, averager, begin_step)
+            averager = PeriodicModelAverager(period=k_steps, warmup_steps=begin_step + k_steps - 1,
+                                             process_group=process_group)
+        return cls(optim, averager, begin_step, process_group)
 
     @property
     def state(self):

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from ....parallel import DataParallel
 from ....parallel.comm import broadcast_coalesced
+from ....utils.user_warning import warn_once
 from . import hybrid_state
 from .hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .mp_layers import is_split
@@ -28,7 +29,9 @@ __all__ = ["TensorParallel"]
 class TensorParallel(DataParallel):
     """A tensor-parallel model, data-parallel across the HybridCommunicateGroup's dp group (Paddle's class).
 
-    At construction the replicated parameters and buffers (those without ``split_axis``: Note
+    A model without tensor-parallel layers is replicated over the mp group (each mp rank repeats the same
+    work), with a warning, once per process. At construction the replicated parameters and buffers (those
+    without ``split_axis``: Note
     [tensor-parallel parameters]) are broadcast from the mp group's first rank, so every mp rank starts
     from the same ones; then the model is wrapped by fleetlite's data-parallel engine over the dp group
     (every parameter broadcast from the dp group's first rank, gradients averaged across the dp group in
@@ -47,8 +50,14 @@ class TensorParallel(DataParallel):
     def __init__(self, layers: nn.Module, hcg: Any, strategy: Any = None, **dp_kwargs: Any) -> None:
         if not isinstance(layers, nn.Module):
             raise TypeError(f"TensorParallel needs a torch.nn.Module, got {type(layers).__name__}")
-        mp_group = hcg.get_model_parallel_group()
-        if mp_group is not None and hcg.get_model_parallel_world_size() > 1:
+        mp_group, mp = hcg.get_model_parallel_group(), hcg.get_model_parallel_world_size()
+        if mp > 1 and not any(is_split(p) for p in layers.parameters()):
+            warn_once("tensor-parallel-without-slices",
+                      f"fleetlite: mp_degree={mp} but {type(layers).__name__} has no tensor-parallel layers "
+                      "(ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding): it is replicated over the "
+                      f"model-parallel group, whose {mp} ranks repeat the same work (as Paddle's TensorParallel "
+                      "replicates such layers); use those layers, or give the ranks to dp_degree instead")
+        if mp_group is not None and mp > 1:
             replicated = [p for p in layers.parameters() if not is_split(p)] + list(layers.buffers())
             broadcast_coalesced([t.data for t in replicated], mp_group)
         self._grad_stage2 = wants_sharded_gradients(hcg, strategy)  # read by _build_reducer in super().__init__

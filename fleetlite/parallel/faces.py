@@ -119,6 +119,14 @@ class DistributedDataParallel(DataParallelBase):
         if isinstance(strategy, (list, tuple)):
             raise TypeError("DistributedDataParallel: strategy= is Paddle's keyword for a ParallelStrategy; "
                             "give the devices as device_ids=[...]")
+        if broadcast_buffers is not None:  # torch DDP's (2.14) deprecation, word for word
+            warn_user("Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` is "
+                      "deprecated and its value is ignored when `forward_sync_buffers` is provided."
+                      if forward_sync_buffers is not None else
+                      "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
+                      "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init. If you "
+                      "rely on buffers NOT being synced at init (e.g. rank-local buffers), keep using "
+                      "`broadcast_buffers=False` until `init_sync_buffers` is available.", FutureWarning)
         super().__init__(
             layers, strategy, comm_buffer_size, last_comm_buffer_size, find_unused_parameters, group,
             broadcast_buffers, comm_dtype, module=module, device_ids=device_ids, output_device=output_device,

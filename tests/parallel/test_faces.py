@@ -27,6 +27,7 @@ def test_faces_are_exported_and_distinct():
         fleetlite.DistributedDataParallel(fleetlite.DataParallel(nn.Linear(2, 2)))
 
 
+@pytest.mark.filterwarnings("ignore:`broadcast_buffers` is deprecated:FutureWarning")  # positional True: as torch DDP
 def test_ddp_face_has_ddp_signature_and_takes_paddle_keywords():
     import inspect
 
@@ -225,6 +226,29 @@ def test_buffers_after_construction_and_forward_under_every_keyword_like_ddp():
     torch.testing.assert_close(init["{'broadcast_buffers': False}"], torch.full((8,), 2.0))  # not synced
     torch.testing.assert_close(init["{'init_sync': False}"], torch.full((8,), 2.0))
 
+
+_WARN_KWS = [{"broadcast_buffers": False}, {"broadcast_buffers": True, "forward_sync_buffers": True},
+             {"forward_sync_buffers": False}, {}]
+
+
+def _future_warnings(rank, engine):
+    import warnings
+
+    out = []
+    for kw in _WARN_KWS:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            wrap(engine, nn.Linear(2, 2), **kw)
+        out.append([str(w.message) for w in got if issubclass(w.category, FutureWarning)])
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_buffers_deprecation_warning_like_ddp():
+    """torch 2.14's DDP warns (FutureWarning, its text) when the deprecated ``broadcast_buffers`` is given."""
+    res = run_ranks(both, args=(_future_warnings,))
+    assert_parity(res)
+    assert [len(w) for w in res[0]["fleetlite"]] == [1, 1, 0, 0]
 
 def _names_and_mesh(rank, engine):
     from torch.distributed.device_mesh import init_device_mesh

@@ -110,7 +110,7 @@ class ProgressBar:
         self._out().flush()
         self._start = time.time()
 
-    def _speed(self, current_num: int, now: float) -> tuple[float, str]:
+    def _speed(self, current_num: float, now: float) -> tuple[float, str]:
         per = (now - self._start) / current_num if current_num else 0.0
         if per >= 1 or per == 0:
             return per, f" - {per:.0f}s/{self.name}"
@@ -118,14 +118,16 @@ class ProgressBar:
             return per, f" - {per * 1e3:.0f}ms/{self.name}"
         return per, f" - {per * 1e6:.0f}us/{self.name}"
 
-    def _count(self, current_num: int) -> str:
+    def _count(self, current_num: float) -> str:
+        # %-formatting, as Paddle: a float step (``update(1e4, ...)``) is written as its integer part
         if self._num:
             digits = int(np.log10(self._num)) + 1
-            return f"{self.name} {current_num:{digits}d}/{self._num}"
-        return f"{self.name} {current_num:3d}"
+            return (f"{self.name} %{digits}d/%d") % (current_num, self._num)
+        return f"{self.name} %3d" % current_num
 
-    def update(self, current_num: int, values: Any = None) -> None:
-        """Show step ``current_num`` with ``values`` (``[(name, value), ...]``)."""
+    def update(self, current_num: float, values: Any = None) -> None:
+        """Show step ``current_num`` (an int, or a float as Paddle takes it) with ``values``
+        (``[(name, value), ...]``)."""
         now = time.time()
         values = list(values.items()) if isinstance(values, dict) else list(values or [])
         for i, (k, val) in enumerate(values):
@@ -141,7 +143,7 @@ class ProgressBar:
             out.write(self._count(current_num) + _fmt_values(values, True) + speed + "\n")
             out.flush()
 
-    def _update_bar(self, out: TextIO, current_num: int, values: list, per: float, speed: str) -> None:
+    def _update_bar(self, out: TextIO, current_num: float, values: list, per: float, speed: str) -> None:
         prev = self._total_width
         out.write("\b" * prev + "\r" if self._dynamic_display else "\n")
         if self._num is not None:

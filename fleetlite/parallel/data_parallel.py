@@ -12,6 +12,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as tdist
@@ -52,14 +53,17 @@ def _strip_prefix(state_dict: Mapping[str, object]) -> Mapping[str, object]:
     return state_dict
 
 
-def _unprefixed_keys_pre_hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                               error_msgs) -> None:
-    """Map ``prefix + k`` (or ``prefix + "module." + k``) to ``prefix + "_layers." + k`` in place."""
-    inner = prefix + "_layers."
+def _unprefixed_keys_pre_hook(name: str, state_dict, prefix, local_metadata, strict, missing_keys,
+                               unexpected_keys, error_msgs) -> None:
+    """Map ``prefix + k`` (or ``prefix + "module." + k`` / ``"_layers." + k``) to ``prefix + name + "." + k`` in
+    place, ``name`` the wrapped module's attribute (``_layers`` or ``module``)."""
+    inner = prefix + name + "."
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
         rest = key[len(prefix):]
-        if rest.startswith("module."):
-            rest = rest[len("module."):]
+        for other in _PREFIXES:
+            if rest.startswith(other):
+                rest = rest[len(other):]
+                break
         state_dict[inner + rest] = state_dict.pop(key)
 
 
@@ -112,7 +116,10 @@ class DataParallelBase(WrappedModel, Joinable):
                           "fleet.init(strategy=...) and fleet.distributed_model(model), which configure "
                           "DataParallel from it", stacklevel=2)
         layers = cfg.module
-        self._layers = layers
+        # registered under the face's name: named_parameters() gives "_layers.w" (Paddle) / "module.w" (DDP);
+        # straight into _modules, as add_module would, because `module` is also this class's property
+        self._modules[self._module_attr] = layers
+        self.device_mesh = device_mesh
         self._strategy = strategy
         self.group = cfg.group
         self.find_unused_parameters = bool(find_unused_parameters)
@@ -155,9 +162,14 @@ class DataParallelBase(WrappedModel, Joinable):
             broadcast_coalesced(tensors, self.group, cap_bytes=_BROADCAST_CHUNK)
         self._build_reducer()
         # inside a parent module, the parent's state_dict holds our module's own keys (see state_dict)
-        self._register_load_state_dict_pre_hook(_unprefixed_keys_pre_hook)
+        self._register_load_state_dict_pre_hook(partial(_unprefixed_keys_pre_hook, self._module_attr))
 
     _reducer_cls: type[Reducer] = Reducer  # a face picks its reducer (faces.py); nothing tests which one
+    _module_attr = "_layers"  # a face picks the wrapped module's name (faces.py): the prefix of every name
+
+    @property
+    def _layers(self) -> nn.Module:
+        return self._modules[self._module_attr]
 
     def _build_reducer(self) -> None:
         named = [(n, p) for n, p in self._layers.named_parameters() if p.requires_grad and n not in self._ignored]
@@ -192,7 +204,7 @@ class DataParallelBase(WrappedModel, Joinable):
     @property
     def module(self) -> nn.Module:
         """The wrapped model."""
-        return self._layers
+        return self._modules[self._module_attr]
 
     @property
     def bucket_plan(self) -> list[dict]:
@@ -387,7 +399,7 @@ class DataParallelBase(WrappedModel, Joinable):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            layers = self._modules.get("_layers")
+            layers = self._modules.get(self._module_attr)
             if layers is not None and name not in ("_reducer", "_layers") and hasattr(layers, name):
                 return getattr(layers, name)
             raise

@@ -16,6 +16,8 @@ anchor:
 | 3. A comm hook returning something else than a ``torch.futures.Future`` | torch DDP's ``RuntimeError`` ("callback must return a torch.futures.Future object, but got int") with the fix | the same | comm hooks are torch's API (Paddle has none): torch's error |
 | 4. Buffers in forward | torch DDP's rule (Note [buffer sync]): a forward that follows a synced forward broadcasts rank 0's buffers, training or eval, so validation after a training step sees rank 0's BatchNorm statistics on every rank; differs from Paddle, which never broadcasts buffers after construction | torch DDP's rule, exactly | rank 0, the source, computes exactly what Paddle computes; the other ranks hold rank 0's statistics instead of their own, which is what the Trainer's evaluation and the checkpoint (saved from rank 0) rely on |
 | 5. Distributed autograd (``torch.distributed.rpc``, ``dist_autograd.backward``) | refused at backward: every rank raises an error naming RPC and distributed autograd | the same: refused (torch DDP supports it) | the engine averages ``.grad``; under distributed autograd the gradients live in the RPC context. Use torch DDP for RPC programs |
+| 6. Names | the wrapped layer is ``_layers``: ``named_parameters()`` gives ``_layers.weight`` (Paddle's) | the wrapped module is ``module``: ``module.weight`` (DDP's) | each anchor's attribute; ``state_dict()`` holds the module's own keys under both, and loads either prefix |
+| 7. Paddle 2.x's ``scale_loss(loss)`` / ``apply_collective_grads()`` | kept: return the loss unchanged / do nothing, with Paddle's ``DeprecationWarning`` (gradients are averaged during backward) | absent (not DDP's) | Paddle 2.x scripts call them |
 """  # noqa: E501  (a Markdown table: one row per line)
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..utils.user_warning import warn_user
 from .data_parallel import DataParallelBase
 from .reducer import Reducer
 from .reducer_once import FindOnceReducer
@@ -63,6 +66,19 @@ class DataParallel(DataParallelBase):
 
     _reducer_cls = FindOnceReducer
 
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Paddle 2.x's ``scale_loss``: deprecated since Paddle 2.0 and a no-op there, kept for old scripts: returns
+        ``loss`` unchanged (the gradients are averaged during backward)."""
+        warn_user("DataParallel.scale_loss is deprecated since Paddle 2.0.0 and returns the loss unchanged: the "
+                  "gradients are averaged during backward; call loss.backward() directly", DeprecationWarning)
+        return loss
+
+    def apply_collective_grads(self) -> None:
+        """Paddle 2.x's ``apply_collective_grads``: deprecated since Paddle 2.0 and a no-op there, kept for old
+        scripts (the gradients are already averaged when backward returns)."""
+        warn_user("DataParallel.apply_collective_grads is deprecated since Paddle 2.0.0 and does nothing: the "
+                  "gradients are averaged during backward; drop the call", DeprecationWarning)
+
 
 class DistributedDataParallel(DataParallelBase):
     """torch's ``DistributedDataParallel`` on fleetlite's engine: swap the import, keep the class name.
@@ -88,6 +104,7 @@ class DistributedDataParallel(DataParallelBase):
     """
 
     _reducer_cls = Reducer
+    _module_attr = "module"  # torch DDP's attribute: names are module.<name>
 
     def __init__(self, module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool | None = None, init_sync: bool = True, process_group=None,
@@ -102,6 +119,14 @@ class DistributedDataParallel(DataParallelBase):
         if isinstance(strategy, (list, tuple)):
             raise TypeError("DistributedDataParallel: strategy= is Paddle's keyword for a ParallelStrategy; "
                             "give the devices as device_ids=[...]")
+        if broadcast_buffers is not None:  # torch DDP's (2.14) deprecation, word for word
+            warn_user("Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` is "
+                      "deprecated and its value is ignored when `forward_sync_buffers` is provided."
+                      if forward_sync_buffers is not None else
+                      "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
+                      "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init. If you "
+                      "rely on buffers NOT being synced at init (e.g. rank-local buffers), keep using "
+                      "`broadcast_buffers=False` until `init_sync_buffers` is available.", FutureWarning)
         super().__init__(
             layers, strategy, comm_buffer_size, last_comm_buffer_size, find_unused_parameters, group,
             broadcast_buffers, comm_dtype, module=module, device_ids=device_ids, output_device=output_device,

@@ -1,4 +1,4 @@
-"""``fleetlite.hapi.progressbar.ProgressBar`` writes Paddle's text (issue 24, "hapi, the remaining cases"): the
+"""``fleetlite.hapi.progressbar.ProgressBar`` writes Paddle's text: the
 expected strings below follow ``python/paddle/hapi/progressbar.py`` (``update``: ``name %Nd/num``, the bar of
 ``width`` characters, ``' - k: %.4f'`` or ``%.4e`` at or below 1e-3, ``' - ETA: ...'``, ``' - %.0fms/step'``)."""
 
@@ -57,3 +57,57 @@ def test_unknown_total_and_long_eta_and_argument_checks(clock, capsys):
         ProgressBar(num=0)
     ProgressBar(num=5, verbose=0).update(1, [("loss", 1.0)])
     assert capsys.readouterr().out == ""
+
+
+def _paddle_count(name, current, num):
+    """Paddle's count text: ``(name + ' %Nd/%d') % (current, num)``, N the digits of num (%-formatting, so a
+    float step is written as its integer part)."""
+    if num:
+        return (name + " %" + str(int(np.log10(num)) + 1) + "d/%d") % (current, num)
+    return name + " %3d" % (current,)  # noqa: UP031 (Paddle's %-format, on purpose)
+
+
+@pytest.mark.parametrize("verbose", [1, 2, 3])
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_paddle_test_progressbar_cases(clock, capsys, verbose, epochs):
+    """Paddle's ``test/legacy_test/test_progressbar.py`` ``prog_bar(num, epoch, width, verbose)``: ints, 'INF',
+    1e-4, one-element float arrays, a uint16 array, step 0, float steps (1e4, 1 + 1e-4) and ``num=None``."""
+    num = 50
+    values = [["loss", 50.341673], ["acc", 0.00256]]
+    for _ in range(epochs):
+        bar = ProgressBar(num, verbose=verbose)
+        for step in range(1, num + 1):
+            values[0][1] -= 0.05
+            values[1][1] += 0.05
+            if step % 10 == 0:
+                bar.update(step, values)
+            clock[0] += 0.002
+        bar.update(step, values)
+    for v in (1, "INF", 1e-4, np.array([1.0]), np.array([1e-4]), np.array([1]).astype(np.uint16)):
+        bar.update(1, [["loss", v]])
+    bar.start()
+    bar.update(0, values)
+    bar._dynamic_display = False
+    capsys.readouterr()
+    bar.update(1e4, values)
+    float_step = capsys.readouterr().out
+    assert _paddle_count("step", 1e4, num) == "step 10000/50"
+    assert float_step.lstrip("\n").startswith("step 10000/50")
+    bar._num = None
+    bar.update(0, values)
+    bar._num = 1
+    capsys.readouterr()
+    bar.update(1 + 1e-4, values)
+    assert capsys.readouterr().out.lstrip("\n").startswith(_paddle_count("step", 1 + 1e-4, 1))
+
+
+def test_paddle_values_text_for_each_kind(clock, capsys):
+    """The value text of Paddle's ``update`` for the kinds its test passes (verbose=2: ``' %s'`` for an int,
+    a string and a uint16 array; ``%.4f``/``%.4e`` for floats and one-element float arrays)."""
+    bar = ProgressBar(5, verbose=2)
+    for v in (1, "INF", 1e-4, np.array([1.0]), np.array([1e-4]), np.array([1]).astype(np.uint16)):
+        bar.update(1, [["loss", v]])
+    lines = [ln.split(" - ")[1] for ln in capsys.readouterr().out.splitlines()]
+    assert lines == ["loss: 1", "loss: INF", "loss: 1.0000e-04", "loss: 1.0000", "loss: 1.0000e-04", "loss: [1]"]
+    with pytest.raises(TypeError, match="num should be None or integer"):
+        ProgressBar(-1)

@@ -1,4 +1,4 @@
-"""Issue 24, "The engine's two faces": Paddle's DataParallel and torch's DistributedDataParallel, on 2 gloo ranks.
+"""The engine's two faces: Paddle's DataParallel and torch's DistributedDataParallel, on 2 gloo ranks.
 
 Each case runs against its reference: torch DDP in the same processes (the DDP face), or Paddle's rule from
 its reducer.cc / parallel.py (the Paddle face; Paddle is not installed, so the reference is the same model
@@ -27,6 +27,7 @@ def test_faces_are_exported_and_distinct():
         fleetlite.DistributedDataParallel(fleetlite.DataParallel(nn.Linear(2, 2)))
 
 
+@pytest.mark.filterwarnings("ignore:`broadcast_buffers` is deprecated:FutureWarning")  # positional True: as torch DDP
 def test_ddp_face_has_ddp_signature_and_takes_paddle_keywords():
     import inspect
 
@@ -179,6 +180,123 @@ def _paddle_init_buffers(rank, world):
 def test_paddle_face_syncs_buffers_at_construction_like_paddle():
     for mean in run_ranks(_paddle_init_buffers):  # Paddle's sync_params_buffers: rank 0's buffers everywhere
         torch.testing.assert_close(mean, torch.ones(8))
+
+
+# torch 2.14's keywords: every combination, buffers after construction and after each kind of forward
+_BUFFER_KWS = [{}, {"broadcast_buffers": True}, {"broadcast_buffers": False}, {"forward_sync_buffers": False},
+               {"forward_sync_buffers": True}, {"broadcast_buffers": False, "forward_sync_buffers": True},
+               {"broadcast_buffers": True, "forward_sync_buffers": False}, {"init_sync": False},
+               {"init_sync": False, "forward_sync_buffers": True}, {"init_sync": False, "broadcast_buffers": False}]
+
+
+def _buffers_through_forwards(rank, engine):
+    out = []
+    for kw in _BUFFER_KWS:
+        torch.manual_seed(0)
+        net = ConvBN()
+        net.bn1.running_mean.fill_(float(rank + 1))  # rank-local buffers before wrapping
+        m = wrap(engine, net, **kw)
+
+        def bufs(net=net):
+            return {n: b.clone() for n, b in net.named_buffers()}
+
+        seen = {"init": bufs()}
+        for step in range(2):  # synced training forwards: the second follows a synced one
+            m(batch(step, rank, 4, 3, 8, 8) + rank).pow(2).mean().backward()
+            seen[f"train{step}"] = bufs()
+        m.eval()
+        with torch.no_grad():
+            m(batch(9, rank, 4, 3, 8, 8))
+        seen["eval"] = bufs()
+        out.append((kw, seen, m.broadcast_buffers))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch DDP's deprecation of broadcast_buffers
+def test_buffers_after_construction_and_forward_under_every_keyword_like_ddp():
+    """torch's nn/parallel/distributed.py: ``forward_sync_buffers`` (when given) decides the forward broadcasts and
+    buffers are still synced at construction; else ``broadcast_buffers`` (default True) decides both;
+    ``init_sync=False`` skips the construction sync. Every rank's buffers equal torch DDP's on that rank."""
+    res = run_ranks(both, args=(_buffers_through_forwards,))
+    assert_parity(res)
+    # torch's documented meaning, on rank 1 (whose buffers differ from rank 0's before wrapping)
+    init = {str(kw): seen["init"]["bn1.running_mean"] for kw, seen, _ in res[1]["fleetlite"]}
+    torch.testing.assert_close(init["{'forward_sync_buffers': False}"], torch.full((8,), 1.0))  # synced at init
+    torch.testing.assert_close(init["{'broadcast_buffers': False}"], torch.full((8,), 2.0))  # not synced
+    torch.testing.assert_close(init["{'init_sync': False}"], torch.full((8,), 2.0))
+
+
+_WARN_KWS = [{"broadcast_buffers": False}, {"broadcast_buffers": True, "forward_sync_buffers": True},
+             {"forward_sync_buffers": False}, {}]
+
+
+def _future_warnings(rank, engine):
+    import warnings
+
+    out = []
+    for kw in _WARN_KWS:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            wrap(engine, nn.Linear(2, 2), **kw)
+        out.append([str(w.message) for w in got if issubclass(w.category, FutureWarning)])
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_buffers_deprecation_warning_like_ddp():
+    """torch 2.14's DDP warns (FutureWarning, its text) when the deprecated ``broadcast_buffers`` is given."""
+    res = run_ranks(both, args=(_future_warnings,))
+    assert_parity(res)
+    assert [len(w) for w in res[0]["fleetlite"]] == [1, 1, 0, 0]
+
+def _names_and_mesh(rank, engine):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(rank)
+    net = ConvBN()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    m = wrap(engine, net, device_mesh=mesh)
+    m(batch(0, rank, 4, 3, 8, 8)).pow(2).mean().backward()
+    return {"params": [n for n, _ in m.named_parameters()], "buffers": [n for n, _ in m.named_buffers()],
+            "modules": [n for n, _ in m.named_modules()], "mesh": m.device_mesh is mesh,
+            "group": m.process_group is mesh.get_group(0), "grads": snapshot(net),
+            "get_parameter": m.get_parameter("module.fc.weight").shape}
+
+
+@pytest.mark.timeout(120)
+def test_ddp_face_names_and_device_mesh_like_ddp():
+    """``named_parameters()`` (and buffers, modules) are prefixed ``module.`` as torch DDP's; ``device_mesh=`` reduces
+    over the mesh's group, as torch DDP does."""
+    res = run_ranks(both, args=(_names_and_mesh,))
+    assert_parity(res)
+    assert res[0]["fleetlite"]["params"][0] == "module.conv1.weight"
+
+
+def _paddle_face_names(rank, world):
+    import warnings
+
+    m = fleetlite.DataParallel(nn.Linear(2, 2))
+    loss = m(torch.ones(1, 2)).sum()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaled = m.scale_loss(loss)
+        scaled.backward()
+        applied = m.apply_collective_grads()
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    return ([n for n, _ in m.named_parameters()], scaled is loss, applied, m.weight.grad.clone(),
+            len(deprecations), {w.filename for w in deprecations})
+
+
+@pytest.mark.timeout(60)
+def test_paddle_face_keeps_layers_names_and_paddle_2_methods():
+    """Paddle's DataParallel (python/paddle/distributed/parallel.py): the wrapped layer is ``_layers``, so names are
+    ``_layers.weight``; Paddle 2.x's ``scale_loss(loss)`` returns the loss unchanged and
+    ``apply_collective_grads()`` does nothing (the gradients are already averaged in backward)."""
+    for names, same, applied, grad, warned, where in run_ranks(_paddle_face_names):
+        assert names == ["_layers.weight", "_layers.bias"] and same and applied is None
+        assert warned == 2 and where == {__file__}  # Paddle's @deprecated warning, at the caller's line
+        torch.testing.assert_close(grad, torch.ones(2, 2), rtol=0, atol=0)  # the same batch on both ranks
 
 
 # ------------------------------------------------------------- 2. functional_call

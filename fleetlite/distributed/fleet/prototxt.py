@@ -32,7 +32,7 @@ import re
 import warnings
 from typing import Any
 
-from .strategy_fields import CONFIGS, EXTRAS, FLAGS
+from .strategy_fields import CONFIGS, EXTRAS, FLAGS, MESSAGE_LISTS
 
 DistributedStrategy = Any  # the strategy module imports this one (no import circle: annotated, not imported)
 
@@ -60,7 +60,13 @@ def _scalar(value: Any) -> str:
 
 def _lines(name: str, value: Any) -> list[str]:
     if isinstance(value, list):
-        return [f"{name}: {_scalar(v)}" for v in value]
+        out = []
+        for v in value:
+            if isinstance(v, dict):  # one message of a repeated message field: ``name { key: value ... }``
+                out += [f"{name} {{", *("  " + line for k, x in v.items() for line in _lines(k, x)), "}"]
+            else:
+                out.append(f"{name}: {_scalar(v)}")
+        return out
     return [f"{name}: {_scalar(value)}"]
 
 
@@ -177,6 +183,15 @@ def _updates(fields: list[tuple[str, Any]], spec: dict[str, Any], current: dict[
         elif isinstance(entry, dict):
             out[key] = _updates(value, entry, current[key], f"{where}.{key}", skipped)
         elif isinstance(entry[0], list):  # appended as Paddle's Merge does; a list with a default is replaced
+            message = MESSAGE_LISTS.get(f"{where}.{key}")
+            if message is not None and isinstance(value, list):  # a message: its fields as a dict
+                item: dict[str, Any] = {}
+                for k, x in value:
+                    if isinstance(message.get(k), list):
+                        item.setdefault(k, []).append(x)
+                    else:
+                        item[k] = x
+                value = item
             out.setdefault(key, [] if entry[0] else list(current[key])).append(value)
         else:
             out[key] = value

@@ -40,10 +40,11 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["FLAGS", "CONFIGS", "REFUSED", "NO_EFFECT", "EXTRAS", "StrategyTypeError", "UnknownFieldError"]
+__all__ = ["FLAGS", "CONFIGS", "REFUSED", "NO_EFFECT", "EXTRAS", "MESSAGE_LISTS", "StrategyTypeError",
+           "UnknownFieldError"]
 
 _Check = Callable[[str, Any], Any]
 
@@ -173,6 +174,28 @@ _ints = _list_of("integers", lambda s: isinstance(s, int) and not isinstance(s, 
 
 _AXES = ("dp", "pp", "sharding", "sep", "mp")
 
+# Paddle's RefinedOpsPattern message (recompute_configs['refined_ops_patterns'] holds a list of them)
+_PATTERN_KEYS = {"main_ops": [], "num": 0, "pre_ops": [], "suf_ops": []}
+
+
+@_typed(list[dict[str, Any]])
+def _ops_patterns(name: str, v: Any) -> list[dict[str, Any]]:
+    """A list of Paddle's ``RefinedOpsPattern`` dicts (``main_ops``, ``num``, ``pre_ops``, ``suf_ops``); the keys
+    left out get the proto's defaults, as protobuf fills them."""
+    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
+        raise StrategyTypeError(f"{name} must be a list of dicts with keys {list(_PATTERN_KEYS)}, got {v!r}")
+    out = []
+    for i, pattern in enumerate(v):
+        if not isinstance(pattern, Mapping) or not set(pattern) <= set(_PATTERN_KEYS):
+            raise ValueError(f"{name}[{i}] must be a dict with keys among {list(_PATTERN_KEYS)} (Paddle's "
+                             f"RefinedOpsPattern), got {pattern!r}")
+        full = {**_PATTERN_KEYS, **pattern}
+        out.append({"main_ops": _names(f"{name}[{i}]['main_ops']", full["main_ops"]),
+                    "num": _any_int(f"{name}[{i}]['num']", full["num"]),
+                    "pre_ops": _names(f"{name}[{i}]['pre_ops']", full["pre_ops"]),
+                    "suf_ops": _names(f"{name}[{i}]['suf_ops']", full["suf_ops"])})
+    return out
+
 
 @_typed(list[str])
 def _order(name: str, v: Any) -> list[str]:
@@ -233,9 +256,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "dtype": ("float16", _choice("float16", "bfloat16")),
         "level": ("o1", _level),
         "use_master_grad": (False, _bool),
+        "use_pure_bf16": (False, _bool),  # Paddle 3.x
     },
     "recompute_configs": {"checkpoints": ([], _names), "enable_offload": (False, _bool),
-                          "checkpoint_shape": ([], _ints)},
+                          "checkpoint_shape": ([], _ints), "enable_tuning": (False, _bool),
+                          "refined_ops_patterns": ([], _ops_patterns)},
     "gradient_merge_configs": {"k_steps": (1, _int_at_least(1)), "avg": (True, _bool)},
     "fp16_allreduce_configs": {"dtype": ("float16", _choice("float16", "bfloat16"))},  # fleetlite's own section
     # Paddle's keys, then fleetlite's: stage 1 is ZeroRedundancyOptimizer, 2/3 FSDP2 (fleetlite.distributed.sharding);
@@ -259,6 +284,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "optimize_cast": (False, _bool),
         "_dp_as_optimizer_sharding": (False, _bool),
         "stage": (1, _choice(1, 2, 3)),
+        "enable_tuning": (False, _bool),
+        "use_calc_stream": (False, _bool),
         "offload": (False, _bool),
         "wrap": ([], _names),
     },
@@ -286,6 +313,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "overlap_p2p_comm": (False, _bool),
             "clear_every_step_cache": (False, _bool),
             "use_batch_p2p_comm": (True, _bool),
+            "sync_param": (False, _bool),  # Paddle 3.x: shared weights across pipeline stages
+            "sync_moment": (False, _bool),
+            "sync_mode": ("broadcast", _choice("broadcast", "average")),
         },
     },
     "pipeline_configs": {
@@ -293,6 +323,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "accumulate_steps": (1, _int_at_least(1)),
         "schedule_mode": ("1F1B", _choice("1F1B", "F-then-B", "FThenB", "VPP")),
         "p2p_cache_shape": (True, _bool),
+        "enable_partial_send_recv": (True, _bool),
     },
     "tensor_parallel_configs": {"tensor_parallel_degree": (1, _int_at_least(1)), "tensor_init_seed": (-1, _any_int)},
     "dgc_configs": {
@@ -311,6 +342,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "lamb_configs": {"lamb_weight_decay": (0.01, _non_negative), "exclude_from_weight_decay": ([], _names)},
 }
 
+# Keys that hold a list of Paddle messages (a repeated message field): key -> the message's keys and defaults.
+MESSAGE_LISTS = {"recompute_configs.refined_ops_patterns": _PATTERN_KEYS}
+
 # Keys that are fleetlite's, not fields of Paddle's proto: save_to_prototxt writes them as ``# fleetlite:`` comment
 # lines (Paddle's parser skips comments, fleetlite's reads them back), so a written file still loads in Paddle.
 EXTRAS = frozenset({"fp16_allreduce_configs", "sharding_configs.offload", "sharding_configs.wrap",
@@ -319,7 +353,7 @@ EXTRAS = frozenset({"fp16_allreduce_configs", "sharding_configs.offload", "shard
 
 class Refusal(NamedTuple):
     what: str   # what the field asks for, and what to do instead
-    later: bool  # True: planned (issue 24, another helper builds it), so the refusal is temporary
+    later: bool  # True: planned, so the refusal is temporary
 
 
 # Fields and keys fleetlite cannot honour (yet). ``check_supported`` raises NotImplementedError naming one when its
@@ -336,6 +370,8 @@ REFUSED: dict[str, Refusal] = {
     "amp_configs.use_pure_fp16": Refusal("Paddle's O2: parameters kept in half precision with fp32 master weights; "
                                          "set it to False to train with torch.autocast (O1)", False),
     "amp_configs.level": Refusal("Paddle's O2 (pure half precision); use 'o1' (torch.autocast)", False),
+    "amp_configs.use_pure_bf16": Refusal("Paddle's pure bfloat16 (O2 in bfloat16: parameters kept in bfloat16); set "
+                                         "amp_configs['dtype'] = 'bfloat16' to train with torch.autocast (O1)", False),
     "amp_configs.use_master_grad": Refusal("fp32 master gradients of O2; O1 keeps fp32 gradients anyway", False),
     "amp_configs.use_optimizer_fp16": Refusal("a half-precision optimizer state (auto parallel only in Paddle)", False),
     "amp_configs.custom_white_list": Refusal("per-op autocast lists: torch.autocast has fixed op lists; wrap a region "
@@ -345,6 +381,8 @@ REFUSED: dict[str, Refusal] = {
     "amp_configs.custom_black_varnames": Refusal("per-variable autocast exclusions (static graph)", False),
     "recompute_configs.enable_offload": Refusal("offloading recompute checkpoints to the CPU", True),
     "recompute_configs.checkpoint_shape": Refusal("fixed checkpoint shapes (needed only with enable_offload)", True),
+    "recompute_configs.refined_ops_patterns": Refusal("refined recompute (keeping the outputs of chosen ops inside a "
+                                                      "recomputed segment)", False),
     "sharding_configs.sharding_segment_strategy": Refusal("static-graph broadcast segments; FSDP2/ZeRO segment "
                                                           "by module (sharding_configs['wrap'])", False),
     "sharding_configs.segment_broadcast_MB": Refusal("static-graph broadcast segments (see sharding_configs['wrap'])",
@@ -363,8 +401,14 @@ REFUSED: dict[str, Refusal] = {
                                                           False),
 }
 
-# Fields accepted with no effect, because Paddle's own eager (dygraph) mode ignores them too.
+# Fields accepted with no effect: Paddle's own eager (dygraph) mode ignores them too, or they only choose how Paddle
+# communicates (the values computed are the same).
 NO_EFFECT = {
     "without_graph_optimization": "a static-graph switch; eager (dygraph) training has no graph to optimise",
     "amp_configs.use_fp16_guard": "a static-graph O2 switch (fp16_guard regions); O2 is refused anyway",
+    "recompute_configs.enable_tuning": "auto-parallel tuning of the recompute segments (static graph)",
+    "sharding_configs.enable_tuning": "auto-parallel tuning of sharding (static graph)",
+    "sharding_configs.use_calc_stream": "which CUDA stream Paddle's sharding communicates on",
+    "pipeline_configs.enable_partial_send_recv": "Paddle's pipeline sends 1/mp of an activation and all-gathers it "
+                                                 "on the next stage; the activation received is the same",
 }

@@ -71,7 +71,9 @@ class Callback:
 
     @property
     def trainer(self):
-        return self.model
+        """The Trainer running the callback: ``self.model``, or the Trainer of the ``fleetlite.Model`` a Paddle
+        script gave to ``set_model`` (Paddle's callbacks see the ``paddle.Model`` as ``self.model``)."""
+        return getattr(self.model, "trainer", self.model)
 
     def set_model(self, model) -> None:
         self.model = model

@@ -40,6 +40,89 @@ PADDLE_DEFAULTS = {
 }
 
 
+# The keys Paddle 3.x added (paddlepaddle 3.3.1, distributed_strategy_pb2: AMPConfig field 13, RecomputeConfig 4-5,
+# ShardingConfig 15-16, PipelineConfig 5, PpConfig 18-20) with the proto's defaults.
+PADDLE_3_DEFAULTS = {
+    "amp_configs": {"use_pure_bf16": False},
+    "recompute_configs": {"enable_tuning": False, "refined_ops_patterns": []},
+    "sharding_configs": {"enable_tuning": False, "use_calc_stream": False},
+    "pipeline_configs": {"enable_partial_send_recv": True},
+}
+PADDLE_3_PP_CONFIGS = {"sync_param": False, "sync_moment": False, "sync_mode": "broadcast"}
+
+
+def test_paddle_3_keys_with_paddles_defaults():
+    s = DistributedStrategy()
+    d = s.to_dict()
+    for section, keys in PADDLE_3_DEFAULTS.items():
+        assert {k: d[section][k] for k in keys} == keys, section
+        assert {k: getattr(s, section)[k] for k in keys} == keys, section
+    pp = s.hybrid_configs["pp_configs"]
+    assert {k: pp[k] for k in PADDLE_3_PP_CONFIGS} == PADDLE_3_PP_CONFIGS
+    assert pp.sync_param is False  # attribute access, as on Paddle's message
+    # set as Paddle's users set them
+    s.recompute_configs = {"checkpoints": ["x"], "refined_ops_patterns": [{"main_ops": ["matmul_v2"], "num": -1}],
+                           "enable_tuning": True}
+    assert s.recompute_configs["refined_ops_patterns"] == [{"main_ops": ["matmul_v2"], "num": -1, "pre_ops": [],
+                                                            "suf_ops": []}]  # protobuf fills the message's defaults
+    s.hybrid_configs = {"pp_configs": {"sync_param": True, "sync_moment": True}}
+    assert s.hybrid_configs["pp_configs"]["sync_moment"] is True
+    s.pipeline_configs = {"enable_partial_send_recv": False}
+    s.sharding_configs = {"enable_tuning": True, "use_calc_stream": True}
+    s.amp_configs = {"use_pure_bf16": True}
+    with pytest.raises(TypeError, match="use_pure_bf16"):
+        s.amp_configs = {"use_pure_bf16": "yes"}
+    with pytest.raises(ValueError, match="RefinedOpsPattern"):
+        s.recompute_configs = {"refined_ops_patterns": [{"main_op": ["x"]}]}
+
+
+def test_paddle_3_keys_refused_only_when_they_would_act():
+    s = DistributedStrategy()
+    s.amp_configs = {"use_pure_bf16": True}
+    s.check_supported(1)  # amp is off: Paddle ignores amp_configs
+    s.amp = True
+    with pytest.raises(NotImplementedError, match=r"amp_configs\['use_pure_bf16'\]"):
+        s.check_supported(1)
+    s = DistributedStrategy(recompute=True)
+    s.recompute_configs = {"refined_ops_patterns": [{"main_ops": ["matmul_v2"]}]}
+    with pytest.raises(NotImplementedError, match="refined_ops_patterns"):
+        s.check_supported(1)
+    s = DistributedStrategy(recompute=True, sharding=True, pipeline=False)  # accepted with no effect
+    s.recompute_configs = {"enable_tuning": True}
+    s.sharding_configs = {"enable_tuning": True, "use_calc_stream": True, "sharding_degree": 1}
+    s.pipeline_configs = {"enable_partial_send_recv": False}
+    s.check_supported(1)
+
+
+def test_paddle_3_keys_written_as_paddle_parses_them(tmp_path):
+    from google.protobuf import text_format
+
+    s = DistributedStrategy()
+    s.recompute_configs = {"enable_tuning": True, "refined_ops_patterns": [
+        {"main_ops": ["matmul_v2", "elementwise_add"], "num": -1}, {"main_ops": ["softmax"], "pre_ops": ["scale"]}]}
+    s.sharding_configs = {"use_calc_stream": True, "enable_tuning": True}
+    s.pipeline_configs = {"enable_partial_send_recv": False}
+    s.amp_configs = {"use_pure_bf16": True}
+    s.hybrid_configs = {"pp_configs": {"sync_param": True, "sync_moment": True, "sync_mode": "average"}}
+    out = tmp_path / "s.prototxt"
+    s.save_to_prototxt(str(out))
+    m = text_format.Parse(out.read_text(), _paddle_message())  # protobuf, on Paddle 3.3's definitions
+    patterns = m.recompute_configs.refined_ops_patterns
+    assert [list(p.main_ops) for p in patterns] == [["matmul_v2", "elementwise_add"], ["softmax"]]
+    assert [p.num for p in patterns] == [-1, 0] and list(patterns[1].pre_ops) == ["scale"]
+    assert m.sharding_configs.use_calc_stream and m.sharding_configs.enable_tuning
+    assert m.pipeline_configs.enable_partial_send_recv is False and m.amp_configs.use_pure_bf16
+    assert m.hybrid_configs.pp_configs.sync_moment and m.hybrid_configs.pp_configs.sync_mode == "average"
+    back = DistributedStrategy()
+    back.load_from_prototxt(str(out))
+    assert back == s
+    paddle_written = tmp_path / "paddle.prototxt"
+    paddle_written.write_text(str(m))  # protobuf's own printing, as Paddle's save_to_prototxt writes
+    again = DistributedStrategy()
+    again.load_from_prototxt(str(paddle_written))
+    assert again == s
+
+
 def test_every_paddle_field_and_key_with_paddles_default():
     s = DistributedStrategy().to_dict()
     for name, default in PADDLE_DEFAULTS.items():
@@ -137,7 +220,7 @@ def _turn_on(path):
     elif isinstance(default, str):
         value = {"level": "o2", "sharding_segment_strategy": "segment_anchors"}[key]
     else:
-        value = [1, 2] if key == "checkpoint_shape" else ["x"]
+        value = {"checkpoint_shape": [1, 2], "refined_ops_patterns": [{"main_ops": ["x"]}]}.get(key, ["x"])
     getattr(s, section)[key] = value
     return s
 

@@ -18,7 +18,7 @@ from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as K  # the Keras face's namespace
 
 
-@pytest.mark.parametrize("verbose", [0, 1, 2])
+@pytest.mark.parametrize("verbose", [0, 1, 2, 3])
 def test_config_callbacks_driven_like_paddle(tmp_path, verbose, capsys):
     model = fleetlite.Model(MyModel())
     model.prepare()

@@ -5,7 +5,9 @@ Where Paddle and Keras differ, the class decides, not the face it runs under: th
 of ``fit`` (``on_eval_end``) on the evaluation logs (``'loss'``, metric names) and save Paddle's ``Model.save``
 files, whether ``fleetlite.Model`` or ``fleetlite.Trainer`` runs them. Keras' classes of the same names are in
 :mod:`fleetlite.trainer.callbacks`. Both share the hooks (:class:`~fleetlite.trainer.callbacks.Callback`) and
-the "did it improve" rule (:mod:`~fleetlite.trainer.callbacks.monitor`).
+the "did it improve" rule (:mod:`~fleetlite.trainer.callbacks.monitor`). A Paddle script may also drive them by
+hand after ``set_model(model)`` with a ``fleetlite.Model``, as Paddle's tests do: ``self.model`` is that Model and
+``self.trainer`` its Trainer.
 
 =========================== ======================================================================
 module                      callbacks
@@ -15,6 +17,7 @@ module                      callbacks
 ``early_stopping``          :class:`EarlyStopping` (``monitor='loss', mode='auto', patience=0, ...``)
 ``reduce_lr_on_plateau``    :class:`ReduceLROnPlateau` (``monitor='loss', factor=0.1, patience=10, ...``)
 ``config``                  ``paddle_fit_callbacks`` (``Model.fit``'s defaults), ``PaddleCallbackList``
+``during_fit``              ``DuringFit``: inside a training run? (the two above act only there)
 =========================== ======================================================================
 
 ``ProgBarLogger``, ``VisualDL`` and ``WandbCallback`` have no Keras namesake: one class each, in

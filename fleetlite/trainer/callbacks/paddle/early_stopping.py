@@ -10,12 +10,13 @@ from typing import Any
 from ...hapi_io import PaddleFiles
 from ..base import Callback, is_rank_zero
 from ..monitor import MonitorMixin, monitor_value, resolve_mode
+from .during_fit import DuringFit
 from .hints import evaluation_hint
 
 __all__ = ["EarlyStopping"]
 
 
-class EarlyStopping(MonitorMixin, Callback):
+class EarlyStopping(DuringFit, MonitorMixin, Callback):
     """Paddle's ``EarlyStopping(monitor='loss', mode='auto', patience=0, verbose=1, min_delta=0, baseline=None,
     save_best_model=True)``.
 
@@ -58,6 +59,7 @@ class EarlyStopping(MonitorMixin, Callback):
         return "max" if self._greater else "min"
 
     def on_train_begin(self, logs=None):
+        self._start_training()
         self.wait_epoch = 0
         if self.baseline is not None:
             self.best_value = self.baseline
@@ -66,7 +68,7 @@ class EarlyStopping(MonitorMixin, Callback):
             self.best_weights = None
 
     def on_eval_end(self, logs=None):
-        if not self.trainer.fitting:  # a standalone evaluate() is not an epoch of fit
+        if not self._training:  # a standalone evaluate() is not an epoch of fit
             return
         if logs is None or self.monitor not in logs:
             hint = evaluation_hint(self.monitor, logs)

@@ -7,12 +7,13 @@ import warnings
 
 from ..base import Callback
 from ..reduce_lr_on_plateau import PlateauRule
+from .during_fit import DuringFit
 from .hints import evaluation_hint
 
 __all__ = ["ReduceLROnPlateau"]
 
 
-class ReduceLROnPlateau(PlateauRule, Callback):
+class ReduceLROnPlateau(DuringFit, PlateauRule, Callback):
     """Paddle's ``ReduceLROnPlateau(monitor='loss', factor=0.1, patience=10, verbose=1, mode='auto',
     min_delta=1e-4, cooldown=0, min_lr=0)``: multiply the learning rate by ``factor`` after ``patience``
     evaluations without improvement.
@@ -33,10 +34,11 @@ class ReduceLROnPlateau(PlateauRule, Callback):
         self._configure(monitor, factor, patience, verbose, mode, min_delta, cooldown, min_lr)
 
     def on_train_begin(self, logs=None):
+        self._start_training()
         self._reset()
 
     def on_eval_end(self, logs=None):
-        if not self.trainer.fitting:  # a standalone evaluate() is not an epoch of fit
+        if not self._training:  # a standalone evaluate() is not an epoch of fit
             return
         if logs is None or self.monitor not in logs:
             hint = evaluation_hint(self.monitor, logs)

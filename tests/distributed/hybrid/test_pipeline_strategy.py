@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from parity import max_abs_diff, worst
 from pipeline_models import copy_from, mlp_batch, mlp_descs, reference
 from torch import nn
 
@@ -66,8 +67,7 @@ def _ref_step(ref, ref_opt, x, y, dtype=None, scaler=None):
 
 
 def _max_diff(stage, ref):
-    ref_state = ref.state_dict()
-    return max((t.float() - ref_state[k].float()).abs().max().item() for k, t in stage.state_dict().items())
+    return max_abs_diff(stage.state_dict(), ref.state_dict())
 
 
 def _amp_bf16(rank, world):
@@ -75,15 +75,15 @@ def _amp_bf16(rank, world):
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     fp32 = reference(mlp_descs(), CE)  # the same model without autocast: amp must make a difference
     fp32_opt = torch.optim.AdamW(fp32.parameters(), lr=1e-2)
-    d_loss, dtypes = 0.0, set()
+    d_loss, dtypes = [], set()
     hook = stage.run_function[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
     for step in range(STEPS):
         x, y = mlp_batch(step, N_MB * MB)
         loss = model.train_batch([x, y], opt)
-        d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.bfloat16).item()))
+        d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.bfloat16).item()))
         _ref_step(fp32, fp32_opt, x, y)
     hook.remove()
-    return dict(loss=d_loss, param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
 
 
 def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
@@ -98,13 +98,13 @@ def _amp_fp16(rank, world):
                                          amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    d_loss = 0.0
+    d_loss = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step in range(STEPS):
             x, y = mlp_batch(step, N_MB * MB)
             loss = model.train_batch([x, y], opt)
-            d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.float16, scaler).item()))
+            d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.float16, scaler).item()))
         try:
             model.train_batch([x, y], opt, scaler=fleet.distributed_scaler(torch.amp.GradScaler("cpu")))
             passed_scaler = "accepted"
@@ -118,7 +118,7 @@ def _amp_fp16(rank, world):
         if handle is not None:
             handle.remove()
         unchanged = all(torch.equal(before[k], v) for k, v in stage.state_dict().items())
-    return dict(loss=d_loss, param=_max_diff(stage, ref), scale=opt.amp.scaler.get_scale(),
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), scale=opt.amp.scaler.get_scale(),
                 ref_scale=scaler.get_scale(), passed_scaler=passed_scaler, skipped=not opt.stepped,
                 found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged)
 
@@ -134,12 +134,12 @@ def _recompute(rank, world, checkpoints):
     hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), recompute=True,
                                          recompute_configs={"checkpoints": checkpoints})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         x, y = mlp_batch(step, N_MB * MB)
         loss = model.train_batch([x, y], opt)
-        d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y).item()))
-    return dict(loss=d_loss, param=_max_diff(stage, ref),
+        d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y).item()))
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref),
                 recomputed=sorted(n for n, m in stage.named_modules() if n and is_recomputed(m)))
 
 
@@ -166,7 +166,7 @@ def _sync_bn(rank, world):
     hcg, ref, stage, model, opt = _setup(rank, world, bn_descs(), dp=2, sync_batch_norm=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     dp_rank = hcg.get_data_parallel_rank()
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         shards = [mlp_batch(step, N_MB * MB, d) for d in range(2)]
         loss = model.train_batch(list(shards[dp_rank]), opt)
@@ -180,9 +180,9 @@ def _sync_bn(rank, world):
             (losses[-1].mean() / N_MB).backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        d_loss = max(d_loss, abs(loss.item() - torch.stack(losses)[:, dp_rank].mean().item()))
+        d_loss.append(abs(loss.item() - torch.stack(losses)[:, dp_rank].mean().item()))
     bns = [m for m in stage.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    return dict(loss=d_loss, param=_max_diff(stage, ref), stage=hcg.get_stage_id(),
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), stage=hcg.get_stage_id(),
                 sync=[isinstance(m, SyncBatchNorm) and m in stage.run_function for m in bns])
 
 

@@ -3,6 +3,7 @@ run of the same model from the same weights: parameters, losses and the clipped 
 
 import pytest
 import torch
+from parity import max_abs_diff
 from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
@@ -32,9 +33,9 @@ def _train(rank, world, degrees):
     if dp > 1:  # the full batch's loss: the mean over the dp replicas' halves
         torch.distributed.all_reduce(full_loss, group=hcg.get_data_parallel_group())
         full_loss /= dp
-    loss_diff = (full_loss - torch.tensor(ref_losses)).abs().max().item()
+    loss_diff = max_abs_diff(full_loss, torch.tensor(ref_losses))
     return dict(param=max_param_diff(model, ref, hcg), loss=loss_diff,
-                norm=max(abs(a - b) for a, b in zip(norms, ref_norms)), norms=ref_norms,
+                norm=max_abs_diff(torch.tensor(norms), torch.tensor(ref_norms)), norms=ref_norms,
                 kind=type(model).__name__, is_tp=isinstance(model, TensorParallel),
                 local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
 

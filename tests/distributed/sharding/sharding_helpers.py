@@ -4,6 +4,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from parity import max_abs_diff
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet
@@ -30,8 +31,9 @@ def batch(step, rank, n=4, seed=0):
 
 
 def max_diff(a, b):
+    """The largest difference between two state dicts with the same keys; NaN if either holds a NaN."""
     assert set(a) == set(b), (sorted(a), sorted(b))
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max_abs_diff(a, b)
 
 
 def sharded(stage, **fields):

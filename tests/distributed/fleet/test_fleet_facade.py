@@ -79,7 +79,7 @@ def _fp16_allreduce(rank, world, dtype):
     fresh_fleet(DistributedStrategy(fp16_allreduce=True, fp16_allreduce_configs={"dtype": dtype}))
     torch.manual_seed(0)
     net = MLP(width=64)
-    ref = fleetlite.DataParallel(copy.deepcopy(net))
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))  # the peer: torch DDP
     model = fleet.distributed_model(net)
     x, y = batch(0, rank, n=16)
     F.cross_entropy(model(x), y).backward()

@@ -124,7 +124,7 @@ def test_stage2_backward_before_the_optimizer_fails_on_every_rank_with_one_line(
 def _pp_stage2(rank, world):
     hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
                 pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2}, **STAGE2)
-    ref = reference(tied_descs(), tied_loss)
+    ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     pp_copy_from(stage, ref)
     model = fleet.distributed_model(stage)

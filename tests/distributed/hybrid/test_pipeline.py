@@ -49,7 +49,7 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
     """
     descs, loss_fn, batch = _models(kind)
     dp = world // pp
-    ref = reference(descs(), loss_fn)
+    ref = reference(kind)
     torch.manual_seed(1 + rank)  # stages build from different seeds: the copy below must set every weight
     stage = PipelineLayer(descs(), num_stages=pp, loss_fn=loss_fn, recompute_interval=recompute)
     copy_from(stage, ref)
@@ -207,7 +207,7 @@ def _eval_between_steps(rank, world, evaluate, kind):
     """Two train_batch calls, with or without eval_batch calls (loss-free and with the loss) between them."""
     torch.set_num_threads(1)
     descs, loss_fn, batch = _models(kind)
-    ref = reference(descs(), loss_fn)
+    ref = reference(kind)
     stage = PipelineLayer(descs(), num_stages=2, loss_fn=loss_fn)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=ROWS // MICRO, micro_batch_size=MICRO)

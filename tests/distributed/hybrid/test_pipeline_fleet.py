@@ -25,7 +25,7 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
                                  "schedule_mode": schedule_mode}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    ref = reference(tied_descs(), tied_loss)
+    ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     copy_from(stage, ref)
     model = fleet.distributed_model(stage)

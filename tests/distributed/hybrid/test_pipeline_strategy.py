@@ -28,7 +28,10 @@ N_MB, MB, STEPS = 4, 2, 4
 CE = nn.CrossEntropyLoss()
 
 
-def _setup(rank, world, descs, dp=1, **fields):
+def _setup(rank, world, kind, dp=1, **fields):
+    """``kind``: "mlp" or "bn" (a stage from their descriptions, its weights copied from the plain torch
+    reference, returned as ``ref``), or a list of layer descriptions (no reference)."""
+    descs = {"mlp": mlp_descs, "bn": bn_descs}[kind]() if isinstance(kind, str) else kind
     fleet_impl._reset()
     strategy = fleet.DistributedStrategy(**fields)
     strategy.hybrid_configs = {"dp_degree": dp, "pp_degree": world // dp}
@@ -37,9 +40,10 @@ def _setup(rank, world, descs, dp=1, **fields):
         warnings.simplefilter("ignore")  # amp on a CPU
         fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
-        ref = reference(descs, CE)
+        ref = {"mlp": lambda: reference("mlp"), "bn": _bn_reference}[kind]() if isinstance(kind, str) else None
         stage = PipelineLayer(descs, topology=hcg.topology(), loss_fn=CE)
-        copy_from(stage, ref)
+        if ref is not None:
+            copy_from(stage, ref)
         model = fleet.distributed_model(stage)
     opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
     return hcg, ref, stage, model, opt
@@ -71,9 +75,9 @@ def _max_diff(stage, ref):
 
 
 def _amp_bf16(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), amp=True, amp_configs={"dtype": "bfloat16"})
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", amp=True, amp_configs={"dtype": "bfloat16"})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    fp32 = reference(mlp_descs(), CE)  # the same model without autocast: amp must make a difference
+    fp32 = reference("mlp")  # the same model without autocast: amp must make a difference
     fp32_opt = torch.optim.AdamW(fp32.parameters(), lr=1e-2)
     d_loss, dtypes = [], set()
     hook = stage.run_function[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
@@ -94,7 +98,7 @@ def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
 
 
 def _amp_fp16(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), amp=True,
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", amp=True,
                                          amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
@@ -131,7 +135,7 @@ def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
 
 
 def _recompute(rank, world, checkpoints):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), recompute=True,
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", recompute=True,
                                          recompute_configs={"checkpoints": checkpoints})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     d_loss = []
@@ -162,8 +166,14 @@ def bn_descs():  # no bias before the batch norm: its gradient is ~0 noise that 
             LayerDesc(nn.Linear, 12, 4)]
 
 
+def _bn_reference():
+    """``bn_descs`` as a plain torch model (the stages' parameter and buffer names)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 12, bias=False), nn.BatchNorm1d(12), nn.Tanh(), nn.Linear(12, 4))
+
+
 def _sync_bn(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, bn_descs(), dp=2, sync_batch_norm=True)
+    hcg, ref, stage, model, opt = _setup(rank, world, "bn", dp=2, sync_batch_norm=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     dp_rank = hcg.get_data_parallel_rank()
     d_loss = []

@@ -42,9 +42,10 @@ def sharded(stage, **fields):
     return DistributedStrategy(sharding=True, sharding_configs=cfg, **fields)
 
 
-def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, clip=None, lr=1e-2):
+def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, clip=None, lr=1e-2, dtypes=None):
     """Train fleet(strategy) and torch DDP (+autocast) from the same init and data with AdamW.
 
+    ``dtypes``: a set that collects the dtype of the fleet model's head output (which autocast dtype really ran).
     Returns (fleet model, DDP model, fleet optimizer, DDP optimizer, clip norms).
     """
     fleet_impl._reset()
@@ -53,6 +54,8 @@ def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, c
     net = MLP()
     ref = nn.parallel.DistributedDataParallel(copy.deepcopy(net))
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr)
+    if dtypes is not None:
+        net.head.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
     if opt_first:  # the optimizer over the original parameters: rebuilt over the shards
         opt = fleet.distributed_optimizer(torch.optim.AdamW(net.parameters(), lr=lr))
         model = fleet.distributed_model(net)

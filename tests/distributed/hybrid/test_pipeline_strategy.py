@@ -102,13 +102,15 @@ def _amp_fp16(rank, world):
                                          amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    d_loss = []
+    d_loss, dtypes = [], set()
+    hook = stage.run_function[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step in range(STEPS):
             x, y = mlp_batch(step, N_MB * MB)
             loss = model.train_batch([x, y], opt)
             d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.float16, scaler).item()))
+        hook.remove()
         try:
             model.train_batch([x, y], opt, scaler=fleet.distributed_scaler(torch.amp.GradScaler("cpu")))
             passed_scaler = "accepted"
@@ -124,7 +126,7 @@ def _amp_fp16(rank, world):
         unchanged = all(torch.equal(before[k], v) for k, v in stage.state_dict().items())
     return dict(loss=worst(d_loss), param=_max_diff(stage, ref), scale=opt.amp.scaler.get_scale(),
                 ref_scale=scaler.get_scale(), passed_scaler=passed_scaler, skipped=not opt.stepped,
-                found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged)
+                found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged, dtypes=dtypes)
 
 
 def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
@@ -132,6 +134,7 @@ def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5 and r["scale"] == r["ref_scale"] == 1024.0, r
         assert "scales the loss itself; drop scaler=" in r["passed_scaler"], r
         assert r["skipped"] and r["found_inf"] and r["unchanged"], r
+        assert r["dtypes"] == {torch.float16}, r  # autocast float16 really ran
 
 
 def _recompute(rank, world, checkpoints):

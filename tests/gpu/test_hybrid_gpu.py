@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_helpers import needs_gpus
+from parity import max_abs_diff, worst
 from torch import nn
 
 from fleetlite.testing import run_ranks
@@ -87,7 +88,7 @@ def tensor_parallel(rank, world):
     opt._grad_clip = ClipGradByGlobalNorm(CLIP)
     opt = fleet.distributed_optimizer(opt)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    loss_fn, d_loss = nn.CrossEntropyLoss(), 0.0
+    loss_fn, d_loss = nn.CrossEntropyLoss(), []
     for step in range(STEPS):
         x, y = _batch(step, device)
         loss = loss_fn(model(x), y)
@@ -99,9 +100,9 @@ def tensor_parallel(rank, world):
         torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
         ref_opt.step()
         ref_opt.zero_grad()
-        d_loss = max(d_loss, abs(loss.item() - ref_loss.item()))
-    d_param = max((p - _slice(full[n], p, hcg)).abs().max().item() for n, p in net.named_parameters())
-    return d_loss, d_param
+        d_loss.append(abs(loss.item() - ref_loss.item()))
+    d_param = worst(max_abs_diff(p, _slice(full[n], p, hcg)) for n, p in net.named_parameters())
+    return worst(d_loss), d_param
 
 
 @pytest.mark.timeout(300)
@@ -125,7 +126,7 @@ def pipeline(rank, world):
     model = fleet.distributed_model(stage)
     opt = fleet.distributed_optimizer(torch.optim.AdamW(stage.parameters(), lr=1e-2))
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         x, y = _batch(step, device)
         loss = model.train_batch([x, y], opt)
@@ -133,10 +134,10 @@ def pipeline(rank, world):
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        d_loss = max(d_loss, abs(loss.item() - ref_loss.item()))
+        d_loss.append(abs(loss.item() - ref_loss.item()))
     ref_state = ref.state_dict()
-    d_param = max((v - ref_state[k]).abs().max().item() for k, v in stage.state_dict().items())
-    return d_loss, d_param
+    d_param = max_abs_diff(stage.state_dict(), ref_state)
+    return worst(d_loss), d_param
 
 
 @pytest.mark.timeout(300)
@@ -171,8 +172,8 @@ def trainer_tp(rank, world):
     with torch.no_grad():
         logits = ref(xd)
         ref_ev = {"loss": loss_fn(logits, yd).item(), "acc": (logits.argmax(1) == yd).float().mean().item()}
-    d_eval = max(abs(float(ev[k][0] if isinstance(ev[k], list) else ev[k]) - v) for k, v in ref_ev.items())
-    return max(abs(a - b) for a, b in zip(losses, ref_losses)), d_eval
+    d_eval = worst(abs(float(ev[k][0] if isinstance(ev[k], list) else ev[k]) - v) for k, v in ref_ev.items())
+    return max_abs_diff(torch.tensor(losses), torch.tensor(ref_losses)), d_eval
 
 
 @pytest.mark.timeout(300)

@@ -23,8 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 from hybrid_ckpt_models import (
+    IN,
+    OUT,
     PipelineLayer,
     RefNet,
+    TPBlock,
     batches,
     init_fleet,
     mp_pp_descs,
@@ -103,8 +106,8 @@ def _mp_pp_stage(hcg, ref):
 
 
 def _mp_pp(rank, world, root):
-    torch.manual_seed(0)
-    ref = PipelineLayer(mp_pp_descs(tp=False), num_stages=1)
+    torch.manual_seed(0)  # the reference: mp_pp_descs' layers as a plain torch model (the stages' names)
+    ref = nn.Sequential(TPBlock(tp=False), nn.LayerNorm(IN), TPBlock(tp=False), nn.Linear(IN, OUT, bias=False))
     hcg = init_fleet(mp=2, pp=2, pipeline={"accumulate_steps": 2, "micro_batch_size": 4})
     model = fleet.distributed_model(_mp_pp_stage(hcg, ref))
     assert any(is_split(p) for p in model.module.parameters())

@@ -1,6 +1,7 @@
 """Small models and data shared by the fleet tests (module name unique across tests/)."""
 
 import torch
+from parity import max_abs_diff
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet
@@ -64,4 +65,5 @@ def params_of(model):
 
 
 def max_diff(a, b):
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    """The largest difference over the keys of ``a``; NaN if either side holds a NaN."""
+    return max_abs_diff(a, b)

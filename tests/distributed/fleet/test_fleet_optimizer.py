@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fleet_models import MLP, batch, fresh_fleet, max_diff, params_of
+from parity import worst
 
-import fleetlite
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedOptimizer, DistributedStrategy
 from fleetlite.testing import run_ranks
@@ -19,7 +19,7 @@ def _merge(rank, world, avg, opt_first):
     fresh_fleet(DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": K, "avg": avg}))
     torch.manual_seed(0)
     net = MLP()
-    ref = fleetlite.DataParallel(copy.deepcopy(net))
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))  # the peer: torch DDP
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     if opt_first:  # the optimizer may be wrapped before the model: the model is attached when it appears
         opt = fleet.distributed_optimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
@@ -45,7 +45,7 @@ def _merge(rank, world, avg, opt_first):
         loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-    return max_diff(params_of(model), params_of(ref)), syncs, stepped
+    return max_diff(params_of(model), params_of(ref.module)), syncs, stepped
 
 
 @pytest.mark.timeout(120)
@@ -65,7 +65,7 @@ def _sharding(rank, world):
     fresh_fleet(DistributedStrategy(sharding=True, sharding_configs={"stage": 1}))
     torch.manual_seed(0)
     net = MLP(width=16, depth=6)
-    ref = fleetlite.DataParallel(copy.deepcopy(net))
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))  # the peer: torch DDP
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     model = fleet.distributed_model(net)
     opt = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2))
@@ -83,8 +83,8 @@ def _sharding(rank, world):
     if rank == 0:
         plain = torch.optim.Adam(copy.deepcopy(ref.module).parameters(), lr=1.0)
         plain.load_state_dict(full_state)
-        state_diff = max(max_diff(plain.state_dict()["state"][i], ref_opt.state_dict()["state"][i])
-                         for i in ref_opt.state_dict()["state"])
+        state_diff = worst(max_diff(plain.state_dict()["state"][i], ref_opt.state_dict()["state"][i])
+                           for i in ref_opt.state_dict()["state"])
     else:
         assert "state" not in full_state and full_state["fleet_state_on_rank0"]
     # rank 0's full state reaches the others at load; ZeroRedundancyOptimizer re-partitions it, training goes on
@@ -95,7 +95,7 @@ def _sharding(rank, world):
         o.step()
         o.zero_grad()
     largest = max(p.numel() for p in net.parameters()) * 2  # exp_avg + exp_avg_sq of the biggest parameter
-    return (max_diff(params_of(model), params_of(ref)), _state_numel(opt.state), _state_numel(ref_opt.state),
+    return (max_diff(params_of(model), params_of(ref.module)), _state_numel(opt.state), _state_numel(ref_opt.state),
             largest, state_diff, opt.get_lr(), ref_opt.param_groups[0]["lr"], type(opt.inner_opt).__name__)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fleet_models import Net, batch, fresh_fleet, max_diff, params_of
+from parity import max_abs_diff, worst
 
-import fleetlite
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedStrategy
 from fleetlite.distributed.fleet.recompute import apply_recompute, is_recomputed, recompute, remove_recompute
@@ -18,18 +18,17 @@ def _recompute(rank, world):
     fresh_fleet(DistributedStrategy(recompute=True, recompute_configs={"checkpoints": ["block1", "block2.fc"]}))
     torch.manual_seed(0)
     net = Net(dropout=0.3)  # dropout: the recompute must replay the same masks
-    ref = fleetlite.DataParallel(copy.deepcopy(net))
+    ref = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))  # the peer: torch DDP
     model = fleet.distributed_model(net)
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    grad_diff = 0.0
+    grad_diff = []
     for step in range(3):
         x, y = batch(step, rank)
         for m in (model, ref):
             torch.manual_seed(100 + step)
             F.cross_entropy(m(x), y).backward()
-        grad_diff = max(grad_diff, max((p.grad - q.grad).abs().max().item()
-                                       for p, q in zip(model.parameters(), ref.parameters())))
+        grad_diff.append(max_abs_diff([p.grad for p in model.parameters()], [q.grad for q in ref.parameters()]))
         for o in (opt, ref_opt):
             o.step()
             o.zero_grad()
@@ -37,8 +36,8 @@ def _recompute(rank, world):
         torch.manual_seed(9)
         with torch.no_grad():  # no recompute without grad
             m(batch(9, rank)[0])
-    return (grad_diff, max_diff(params_of(model), params_of(ref)), net.block1.calls, ref.module.block1.calls,
-            net.block2.calls, list(model.state_dict()) == list(ref.state_dict()))
+    return (worst(grad_diff), max_diff(params_of(model), params_of(ref.module)), net.block1.calls,
+            ref.module.block1.calls, net.block2.calls, list(model.state_dict()) == list(ref.module.state_dict()))
 
 
 @pytest.mark.timeout(120)

@@ -1,13 +1,15 @@
 """Tiny pipeline models for the pipeline tests (module level: run_ranks pickles the rank functions by name).
 
-Each ``*_descs()`` returns Paddle-style layer descriptions; ``reference(descs)`` builds the whole model in one
-process (a one-stage ``PipelineLayer``), seeded, so every rank copies the same initial weights into its stage.
+Each ``*_descs()`` returns Paddle-style layer descriptions; ``reference(kind)`` builds the same model as a plain
+torch module written by hand (as Paddle's pipeline tests compare against a hand-written model), seeded, with the
+parameter names of the stages (global layer indices, ``shared_layers.<key>`` for a tied layer), so every rank
+copies the same initial weights into its stage and the reference never runs fleetlite's pipeline code.
 """
 
 import torch
 from torch import nn
 
-from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
+from fleetlite.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
 
 VOCAB, HIDDEN = 32, 8
 
@@ -71,13 +73,50 @@ def tied_batch(step, rows=8, rank=0):
     return (x1, x2), (y,)
 
 
-def reference(descs, loss_fn):
+class MlpReference(nn.Sequential):
+    """``mlp_descs`` by hand."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 4))
+
+
+class TiedReference(nn.Module):
+    """``tied_descs`` by hand: one embedding whose weight is also the output projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared_layers = nn.ModuleDict({"embed": EmbeddingPipe()})
+        self.add_module("1", Block())
+        self.add_module("2", Block())
+
+    def forward(self, x1, x2):
+        h, _ = getattr(self, "2")(getattr(self, "1")(self.shared_layers["embed"]((x1, x2))))
+        return h @ self.shared_layers["embed"].word_embeddings.weight.t()
+
+
+class EmbeddingReference(nn.Module):
+    """``embedding_layers`` by hand: embedding, projection, bias; the output is the tuple (projection, x2)."""
+
+    def __init__(self):
+        super().__init__()
+        for i, layer in enumerate(embedding_layers()):
+            self.add_module(str(i), layer)
+
+    def forward(self, x1, x2):
+        h = (x1, x2)
+        for layer in self.children():
+            h = layer(h)
+        return h
+
+
+def reference(kind: str) -> nn.Module:
+    """The single-process reference of ``kind`` ("mlp", "tied", "embedding"), from seed 0."""
     torch.manual_seed(0)
-    return PipelineLayer(descs, num_stages=1, loss_fn=loss_fn)
+    return {"mlp": MlpReference, "tied": TiedReference, "embedding": EmbeddingReference}[kind]()
 
 
 def copy_from(stage, ref):
-    """Load the reference's weights into this stage (names are global layer indices, so they match)."""
+    """Load the reference's weights into this stage (the names match: global layer indices)."""
     ref_state = ref.state_dict()
     with torch.no_grad():
         for name, t in stage.state_dict().items():

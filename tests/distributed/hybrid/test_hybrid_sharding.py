@@ -6,6 +6,7 @@ weights (AdamW, global-norm clipping), each sharding rank keeps the optimizer st
 import pytest
 import torch
 import torch.distributed as tdist
+from parity import max_abs_diff, worst
 from pipeline_models import copy_from as pp_copy_from
 from pipeline_models import reference, tied_batch, tied_descs, tied_loss
 from tp_models import RefModel, TPModel, copy_from, data, max_param_diff, train_with_reference
@@ -62,8 +63,8 @@ def _mp_sharding(rank, world, sharding_flag):
     full = torch.tensor(losses)
     tdist.all_reduce(full, group=hcg.get_data_sharding_parallel_group())
     full /= parts
-    return dict(param=max_param_diff(model, ref, hcg), loss=(full - torch.tensor(ref_losses)).abs().max().item(),
-                norm=max(abs(a - b) for a, b in zip(norms, ref_norms)), clipped=max(ref_norms) > CLIP,
+    return dict(param=max_param_diff(model, ref, hcg), loss=max_abs_diff(full, torch.tensor(ref_losses)),
+                norm=max_abs_diff(torch.tensor(norms), torch.tensor(ref_norms)), clipped=max(ref_norms) > CLIP,
                 is_tp=isinstance(model, TensorParallel), zero=type(opt.inner_opt).__name__,
                 split=_state_split(opt, len(list(model.parameters())), hcg), **_groups(hcg))
 
@@ -88,7 +89,7 @@ def test_mp2_sharding2_stage1_trains_like_a_single_process_on_four_ranks():
 def _pp_sharding(rank, world):  # no strategy.sharding: hybrid_configs' sharding_degree turns stage 1 on
     hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
                 pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2})
-    ref = reference(tied_descs(), tied_loss)
+    ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     pp_copy_from(stage, ref)
     model = fleet.distributed_model(stage)
@@ -97,7 +98,7 @@ def _pp_sharding(rank, world):  # no strategy.sharding: hybrid_configs' sharding
     opt = fleet.distributed_optimizer(inner)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
-    d_loss, clipped = 0.0, False
+    d_loss, clipped = [], False
     for step in range(4):
         shards = [tied_batch(step, 8, d) for d in range(parts)]
         x, y = shards[part]
@@ -107,10 +108,9 @@ def _pp_sharding(rank, world):  # no strategy.sharding: hybrid_configs' sharding
         torch.stack(losses).mean().backward()
         clipped |= bool(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5) > 0.5)
         ref_opt.step()
-        d_loss = max(d_loss, abs(loss.item() - losses[part].item()))
-    ref_state = ref.state_dict()
-    d_param = max((t - ref_state[k]).abs().max().item() for k, t in stage.state_dict().items())
-    return dict(loss=d_loss, param=d_param, clipped=clipped, is_pp=isinstance(model, PipelineParallel),
+        d_loss.append(abs(loss.item() - losses[part].item()))
+    return dict(loss=worst(d_loss), param=max_abs_diff(stage.state_dict(), ref.state_dict()), clipped=clipped,
+                is_pp=isinstance(model, PipelineParallel),
                 split=_state_split(opt, len(list(model.parameters())), hcg),
                 dp_group=tdist.get_process_group_ranks(model.dp_group))
 
@@ -210,7 +210,7 @@ def _dp_sharding(rank, world):
         torch.nn.functional.cross_entropy(ref(x), y).backward()
         ref_opt.step()
         ref_opt.zero_grad()
-    diff = max((a - b).abs().max().item() for a, b in zip(net.parameters(), ref.parameters()))
+    diff = max_abs_diff(list(net.parameters()), list(ref.parameters()))
     return dict(param=diff, split=_state_split(opt, 4, hcg), sharding=tdist.get_process_group_ranks(
         opt.inner_opt.process_group), part=(part, parts))
 
@@ -297,14 +297,13 @@ def test_mp2_sharding2_manual_fused_allreduce_on_four_ranks():
 
 def _mp_pp_sharding(rank, world):
     """mp2 × pp2 × sharding2: tensor-parallel layers inside pipeline stages, optimizer state sharded, clipped."""
-    from test_pipeline_mp import MICRO, ROWS, _descs, _loss
+    from test_pipeline_mp import MICRO, ROWS, _descs, _loss, _reference
     from tp_models import VOCAB, local_slice
 
     hcg = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2},
                 pipeline_configs={"accumulate_steps": ROWS // MICRO, "micro_batch_size": MICRO})
-    torch.manual_seed(0)
-    ref = PipelineLayer(_descs(False), num_stages=1, loss_fn=_loss)
-    stage = PipelineLayer(_descs(True), topology=hcg.topology(), loss_fn=_loss)
+    ref = _reference()  # a plain torch model, trained below by a plain loop
+    stage = PipelineLayer(_descs(), topology=hcg.topology(), loss_fn=_loss)
     ref_params = dict(ref.named_parameters())
     with torch.no_grad():
         for name, p in stage.named_parameters():
@@ -316,7 +315,7 @@ def _mp_pp_sharding(rank, world):
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
     part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
     g = torch.Generator().manual_seed(3)
-    d_loss, d_norm = 0.0, 0.0
+    d_loss, d_norm = [], []
     for _ in range(3):
         x = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
         y = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
@@ -327,10 +326,10 @@ def _mp_pp_sharding(rank, world):
         torch.stack(ref_losses).mean().backward()
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item()
         ref_opt.step()
-        d_loss = max(d_loss, abs(loss.item() - ref_losses[part].item()))
-        d_norm = max(d_norm, abs(opt.hybrid_clip.last_norm.item() - ref_norm))
-    d_param = max((p - local_slice(ref_params[n], p, hcg)).abs().max().item() for n, p in stage.named_parameters())
-    return d_loss, d_param, d_norm, ref_norm > 0.05
+        d_loss.append(abs(loss.item() - ref_losses[part].item()))
+        d_norm.append(abs(opt.hybrid_clip.last_norm.item() - ref_norm))
+    d_param = worst(max_abs_diff(p, local_slice(ref_params[n], p, hcg)) for n, p in stage.named_parameters())
+    return worst(d_loss), d_param, worst(d_norm), ref_norm > 0.05
 
 
 @pytest.mark.timeout(400)

@@ -8,6 +8,7 @@ reference run on the whole batch (micro-batches of equal size: the mean of their
 import pytest
 import torch
 import torch.distributed as td
+from parity import max_abs_diff, worst
 from pipeline_models import (
     copy_from,
     embedding_layers,
@@ -48,7 +49,7 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
     """
     descs, loss_fn, batch = _models(kind)
     dp = world // pp
-    ref = reference(descs(), loss_fn)
+    ref = reference(kind)
     torch.manual_seed(1 + rank)  # stages build from different seeds: the copy below must set every weight
     stage = PipelineLayer(descs(), num_stages=pp, loss_fn=loss_fn, recompute_interval=recompute)
     copy_from(stage, ref)
@@ -60,7 +61,7 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
     sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 2, 0.5)
     grad_scaler = fleet.distributed_scaler(torch.amp.GradScaler("cpu", init_scale=1024.0)) if scaler else None
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         shards = [batch(step, ROWS, r) for r in range(dp)]
         x, y = shards[rank // pp]
@@ -72,9 +73,8 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
             assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
         ref_opt.step()
         ref_sched.step()
-        d_loss = max(d_loss, abs(loss.item() - full_losses[rank // pp].item()))
-    ref_state = ref.state_dict()
-    d_param = max((t - ref_state[k]).abs().max().item() for k, t in stage.state_dict().items())
+        d_loss.append(abs(loss.item() - full_losses[rank // pp].item()))
+    d_param = max_abs_diff(stage.state_dict(), ref.state_dict())
     x, y = batch(STEPS, ROWS, 0)
     with torch.no_grad():
         ref_eval = loss_fn(ref(*(x if isinstance(x, tuple) else (x,))), y).item()
@@ -84,9 +84,9 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
         ref_out = ref(*(x if isinstance(x, tuple) else (x,)))
     if isinstance(out, tuple):  # a tuple output (Paddle's pp_embedding test): compare the projection
         out, ref_out = out[0], ref_out[0]
-    d_out = (out - ref_out).abs().max().item() if model.is_pipeline_last_stage else 0.0
+    d_out = max_abs_diff(out, ref_out) if model.is_pipeline_last_stage else 0.0
     n_local = sum(p.numel() for p in stage.parameters())
-    return {"scale": grad_scaler.get_scale() if scaler else None, "loss": d_loss, "param": d_param,
+    return {"scale": grad_scaler.get_scale() if scaler else None, "loss": worst(d_loss), "param": d_param,
             "eval": d_eval, "out": d_out, "local": n_local,
             "total": sum(p.numel() for p in ref.parameters())}
 
@@ -207,7 +207,7 @@ def _eval_between_steps(rank, world, evaluate, kind):
     """Two train_batch calls, with or without eval_batch calls (loss-free and with the loss) between them."""
     torch.set_num_threads(1)
     descs, loss_fn, batch = _models(kind)
-    ref = reference(descs(), loss_fn)
+    ref = reference(kind)
     stage = PipelineLayer(descs(), num_stages=2, loss_fn=loss_fn)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=ROWS // MICRO, micro_batch_size=MICRO)

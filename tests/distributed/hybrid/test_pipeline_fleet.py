@@ -7,6 +7,7 @@ the single-process model's (Paddle asserts the same), here also the parameters, 
 """
 
 import torch
+from parity import max_abs_diff, worst
 from pipeline_models import copy_from, reference, tied_batch, tied_descs, tied_loss
 
 from fleetlite.distributed import fleet
@@ -24,7 +25,7 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
                                  "schedule_mode": schedule_mode}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    ref = reference(tied_descs(), tied_loss)
+    ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     copy_from(stage, ref)
     model = fleet.distributed_model(stage)
@@ -38,7 +39,7 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
     sched = torch.optim.lr_scheduler.MultiStepLR(opt.inner_opt, milestones=[2, 3, 4], gamma=2.0)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
     ref_sched = torch.optim.lr_scheduler.MultiStepLR(ref_opt, milestones=[2, 3, 4], gamma=2.0)
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         shards = [tied_batch(step, BATCH, d) for d in range(dp)]
         x, y = shards[hcg.get_data_parallel_rank()]
@@ -50,17 +51,17 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
             assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
         ref_opt.step()
         ref_sched.step()
-        d_loss = max(d_loss, abs(loss_b.item() - losses[hcg.get_data_parallel_rank()].item()))
+        d_loss.append(abs(loss_b.item() - losses[hcg.get_data_parallel_rank()].item()))
     ref_state = ref.state_dict()
-    d_param = max((t - ref_state[k]).abs().max().item() for k, t in stage.state_dict().items())
+    d_param = max_abs_diff(stage.state_dict(), ref_state)
     # pp 2 -> 1: the stages' state dicts (keys by global layer index) merge into the whole model's
     parts = [None] * world
     torch.distributed.all_gather_object(parts, model.state_dict())
     merged = {k: v for part in parts for k, v in part.items()}
     whole = PipelineLayer(tied_descs(), num_stages=1, loss_fn=tied_loss)
     whole.load_state_dict(merged)  # strict: every key present, none extra
-    d_merged = max((t - ref_state[k]).abs().max().item() for k, t in whole.state_dict().items())
-    return d_loss, max(d_param, d_merged), opt.get_lr()
+    d_merged = max_abs_diff(whole.state_dict(), ref_state)
+    return worst(d_loss), worst([d_param, d_merged]), opt.get_lr()
 
 
 def test_shared_weight_pp2_as_paddle():

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from parity import max_abs_diff, worst
 from pipeline_models import copy_from, mlp_batch, mlp_descs, reference
 from torch import nn
 
@@ -27,7 +28,10 @@ N_MB, MB, STEPS = 4, 2, 4
 CE = nn.CrossEntropyLoss()
 
 
-def _setup(rank, world, descs, dp=1, **fields):
+def _setup(rank, world, kind, dp=1, **fields):
+    """``kind``: "mlp" or "bn" (a stage from their descriptions, its weights copied from the plain torch
+    reference, returned as ``ref``), or a list of layer descriptions (no reference)."""
+    descs = {"mlp": mlp_descs, "bn": bn_descs}[kind]() if isinstance(kind, str) else kind
     fleet_impl._reset()
     strategy = fleet.DistributedStrategy(**fields)
     strategy.hybrid_configs = {"dp_degree": dp, "pp_degree": world // dp}
@@ -36,9 +40,10 @@ def _setup(rank, world, descs, dp=1, **fields):
         warnings.simplefilter("ignore")  # amp on a CPU
         fleet.init(is_collective=True, strategy=strategy)
         hcg = fleet.get_hybrid_communicate_group()
-        ref = reference(descs, CE)
+        ref = {"mlp": lambda: reference("mlp"), "bn": _bn_reference}[kind]() if isinstance(kind, str) else None
         stage = PipelineLayer(descs, topology=hcg.topology(), loss_fn=CE)
-        copy_from(stage, ref)
+        if ref is not None:
+            copy_from(stage, ref)
         model = fleet.distributed_model(stage)
     opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2))
     return hcg, ref, stage, model, opt
@@ -66,24 +71,23 @@ def _ref_step(ref, ref_opt, x, y, dtype=None, scaler=None):
 
 
 def _max_diff(stage, ref):
-    ref_state = ref.state_dict()
-    return max((t.float() - ref_state[k].float()).abs().max().item() for k, t in stage.state_dict().items())
+    return max_abs_diff(stage.state_dict(), ref.state_dict())
 
 
 def _amp_bf16(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), amp=True, amp_configs={"dtype": "bfloat16"})
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", amp=True, amp_configs={"dtype": "bfloat16"})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    fp32 = reference(mlp_descs(), CE)  # the same model without autocast: amp must make a difference
+    fp32 = reference("mlp")  # the same model without autocast: amp must make a difference
     fp32_opt = torch.optim.AdamW(fp32.parameters(), lr=1e-2)
-    d_loss, dtypes = 0.0, set()
+    d_loss, dtypes = [], set()
     hook = stage.run_function[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
     for step in range(STEPS):
         x, y = mlp_batch(step, N_MB * MB)
         loss = model.train_batch([x, y], opt)
-        d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.bfloat16).item()))
+        d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.bfloat16).item()))
         _ref_step(fp32, fp32_opt, x, y)
     hook.remove()
-    return dict(loss=d_loss, param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
 
 
 def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
@@ -94,17 +98,19 @@ def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
 
 
 def _amp_fp16(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), amp=True,
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", amp=True,
                                          amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    d_loss = 0.0
+    d_loss, dtypes = [], set()
+    hook = stage.run_function[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step in range(STEPS):
             x, y = mlp_batch(step, N_MB * MB)
             loss = model.train_batch([x, y], opt)
-            d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.float16, scaler).item()))
+            d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y, torch.float16, scaler).item()))
+        hook.remove()
         try:
             model.train_batch([x, y], opt, scaler=fleet.distributed_scaler(torch.amp.GradScaler("cpu")))
             passed_scaler = "accepted"
@@ -118,9 +124,9 @@ def _amp_fp16(rank, world):
         if handle is not None:
             handle.remove()
         unchanged = all(torch.equal(before[k], v) for k, v in stage.state_dict().items())
-    return dict(loss=d_loss, param=_max_diff(stage, ref), scale=opt.amp.scaler.get_scale(),
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), scale=opt.amp.scaler.get_scale(),
                 ref_scale=scaler.get_scale(), passed_scaler=passed_scaler, skipped=not opt.stepped,
-                found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged)
+                found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged, dtypes=dtypes)
 
 
 def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
@@ -128,18 +134,19 @@ def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5 and r["scale"] == r["ref_scale"] == 1024.0, r
         assert "scales the loss itself; drop scaler=" in r["passed_scaler"], r
         assert r["skipped"] and r["found_inf"] and r["unchanged"], r
+        assert r["dtypes"] == {torch.float16}, r  # autocast float16 really ran
 
 
 def _recompute(rank, world, checkpoints):
-    hcg, ref, stage, model, opt = _setup(rank, world, mlp_descs(), recompute=True,
+    hcg, ref, stage, model, opt = _setup(rank, world, "mlp", recompute=True,
                                          recompute_configs={"checkpoints": checkpoints})
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         x, y = mlp_batch(step, N_MB * MB)
         loss = model.train_batch([x, y], opt)
-        d_loss = max(d_loss, abs(loss.item() - _ref_step(ref, ref_opt, x, y).item()))
-    return dict(loss=d_loss, param=_max_diff(stage, ref),
+        d_loss.append(abs(loss.item() - _ref_step(ref, ref_opt, x, y).item()))
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref),
                 recomputed=sorted(n for n, m in stage.named_modules() if n and is_recomputed(m)))
 
 
@@ -162,11 +169,17 @@ def bn_descs():  # no bias before the batch norm: its gradient is ~0 noise that 
             LayerDesc(nn.Linear, 12, 4)]
 
 
+def _bn_reference():
+    """``bn_descs`` as a plain torch model (the stages' parameter and buffer names)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 12, bias=False), nn.BatchNorm1d(12), nn.Tanh(), nn.Linear(12, 4))
+
+
 def _sync_bn(rank, world):
-    hcg, ref, stage, model, opt = _setup(rank, world, bn_descs(), dp=2, sync_batch_norm=True)
+    hcg, ref, stage, model, opt = _setup(rank, world, "bn", dp=2, sync_batch_norm=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     dp_rank = hcg.get_data_parallel_rank()
-    d_loss = 0.0
+    d_loss = []
     for step in range(STEPS):
         shards = [mlp_batch(step, N_MB * MB, d) for d in range(2)]
         loss = model.train_batch(list(shards[dp_rank]), opt)
@@ -180,9 +193,9 @@ def _sync_bn(rank, world):
             (losses[-1].mean() / N_MB).backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        d_loss = max(d_loss, abs(loss.item() - torch.stack(losses)[:, dp_rank].mean().item()))
+        d_loss.append(abs(loss.item() - torch.stack(losses)[:, dp_rank].mean().item()))
     bns = [m for m in stage.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    return dict(loss=d_loss, param=_max_diff(stage, ref), stage=hcg.get_stage_id(),
+    return dict(loss=worst(d_loss), param=_max_diff(stage, ref), stage=hcg.get_stage_id(),
                 sync=[isinstance(m, SyncBatchNorm) and m in stage.run_function for m in bns])
 
 

@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from parity import max_abs_diff
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from tp_models import RefModel, TPModel, copy_from, data, init_mp
 
@@ -30,7 +31,7 @@ def _save_and_reload(rank, world, path):
     state = sharded_state_dict(model)
     dcp.load(state, checkpoint_id=path)
     load_sharded_state_dict(model, state)
-    back = max((model.state_dict()[k] - v).abs().max().item() for k, v in saved.items())
+    back = max_abs_diff(saved, model.state_dict())
     return back, {k: v for k, v in saved.items()}, hcg.get_model_parallel_rank()
 
 

@@ -3,6 +3,7 @@ run of the same model from the same weights: parameters, losses and the clipped 
 
 import pytest
 import torch
+from parity import max_abs_diff, worst
 from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
@@ -32,9 +33,9 @@ def _train(rank, world, degrees):
     if dp > 1:  # the full batch's loss: the mean over the dp replicas' halves
         torch.distributed.all_reduce(full_loss, group=hcg.get_data_parallel_group())
         full_loss /= dp
-    loss_diff = (full_loss - torch.tensor(ref_losses)).abs().max().item()
+    loss_diff = max_abs_diff(full_loss, torch.tensor(ref_losses))
     return dict(param=max_param_diff(model, ref, hcg), loss=loss_diff,
-                norm=max(abs(a - b) for a, b in zip(norms, ref_norms)), norms=ref_norms,
+                norm=max_abs_diff(torch.tensor(norms), torch.tensor(ref_norms)), norms=ref_norms,
                 kind=type(model).__name__, is_tp=isinstance(model, TensorParallel),
                 local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
 
@@ -88,6 +89,8 @@ def _amp(rank, world):
         torch.manual_seed(0)
         ref, model = RefModel(), TPModel()
         copy_from(model, ref, hcg)
+        dtypes = set()
+        model.up.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
         model = fleet.distributed_model(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt._grad_clip = ClipGradByGlobalNorm(CLIP)
@@ -107,13 +110,17 @@ def _amp(rank, world):
         scaler.update()
         ref_opt.zero_grad()
         norms.append(abs(opt.hybrid_clip.last_norm.item() - ref_norm) / ref_norm)
-    return max_param_diff(model, ref, hcg), max(norms), opt.amp.scaler.get_scale()
+    return max_param_diff(model, ref, hcg), worst(norms), opt.amp.scaler.get_scale(), dtypes
 
 
 @pytest.mark.timeout(120)
 def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
-    for param, norm_rel, scale in run_ranks(_amp, world_size=2, timeout=110):
-        assert param <= 1e-3 and norm_rel <= 1e-3, (param, norm_rel)  # float16 compute on both sides (7e-5)
+    for param, norm_rel, scale, dtypes in run_ranks(_amp, world_size=2, timeout=110):
+        # float16 compute on both sides, but the row-parallel layer sums two float16 partial products where the
+        # reference rounds one matmul: measured 7e-5 (weights) and 5e-5 (norm, relative). With amp silently off
+        # they are 1.3e-4 and 1.6e-4, so 1e-4 tells the two apart (the old 1e-3 could not)
+        assert param <= 1e-4 and norm_rel <= 1e-4, (param, norm_rel)
+        assert dtypes == {torch.float16}, dtypes  # autocast float16 really ran
         assert scale == 1024.0
 
 

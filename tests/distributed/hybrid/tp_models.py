@@ -3,6 +3,7 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from parity import max_abs_diff, worst
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -74,7 +75,7 @@ def copy_from(model, ref, hcg):
 def max_param_diff(model, ref, hcg):
     model = getattr(model, "_layers", model)
     ref_params = dict(ref.named_parameters())
-    return max((p - local_slice(ref_params[n], p, hcg)).abs().max().item() for n, p in model.named_parameters())
+    return worst(max_abs_diff(p, local_slice(ref_params[n], p, hcg)) for n, p in model.named_parameters())
 
 
 def data(steps, batch):

@@ -4,6 +4,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from parity import max_abs_diff
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet
@@ -30,8 +31,9 @@ def batch(step, rank, n=4, seed=0):
 
 
 def max_diff(a, b):
+    """The largest difference between two state dicts with the same keys; NaN if either holds a NaN."""
     assert set(a) == set(b), (sorted(a), sorted(b))
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max_abs_diff(a, b)
 
 
 def sharded(stage, **fields):
@@ -40,9 +42,10 @@ def sharded(stage, **fields):
     return DistributedStrategy(sharding=True, sharding_configs=cfg, **fields)
 
 
-def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, clip=None, lr=1e-2):
+def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, clip=None, lr=1e-2, dtypes=None):
     """Train fleet(strategy) and torch DDP (+autocast) from the same init and data with AdamW.
 
+    ``dtypes``: a set that collects the dtype of the fleet model's head output (which autocast dtype really ran).
     Returns (fleet model, DDP model, fleet optimizer, DDP optimizer, clip norms).
     """
     fleet_impl._reset()
@@ -51,6 +54,8 @@ def train_pair(rank, strategy, steps=10, k=1, amp_dtype=None, opt_first=False, c
     net = MLP()
     ref = nn.parallel.DistributedDataParallel(copy.deepcopy(net))
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr)
+    if dtypes is not None:
+        net.head.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
     if opt_first:  # the optimizer over the original parameters: rebuilt over the shards
         opt = fleet.distributed_optimizer(torch.optim.AdamW(net.parameters(), lr=lr))
         model = fleet.distributed_model(net)

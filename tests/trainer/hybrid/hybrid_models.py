@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as td
+from parity import close
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -168,23 +169,29 @@ def stat_scores(t) -> list[int]:
 
 
 def compare(got: dict, ref: dict) -> list[str]:
-    """What differs by more than TOL between two runs' results (empty when they agree)."""
+    """What differs by more than TOL between two runs' results (empty when they agree; a NaN on either side
+    differs, see tests/parity.py)."""
     bad = []
     for key in ref["history"]:
         a, b = torch.tensor(got["history"][key]), torch.tensor(ref["history"][key])
-        if a.shape != b.shape or (a - b).abs().max() > TOL:
+        if not _close(a, b):
             bad.append(f"history[{key}]: {a.tolist()} vs {b.tolist()}")
     if set(got["evaluate"]) != set(ref["evaluate"]):
         bad.append(f"evaluate keys {sorted(got['evaluate'])} vs {sorted(ref['evaluate'])}")
     for key, v in ref["evaluate"].items():
-        if abs(got["evaluate"].get(key, float("nan")) - v) > TOL:
+        if not _close(got["evaluate"].get(key, float("nan")), v):
             bad.append(f"evaluate[{key}]: {got['evaluate'].get(key)} vs {v}")
     if "stat_scores" in ref and got.get("stat_scores") != ref["stat_scores"]:
         bad.append(f"torchmetrics counts {got.get('stat_scores')} vs {ref['stat_scores']}")
     for key in ("predict", "predict_x", "predict_file"):
-        if key in got and (got[key].shape != ref["predict"].shape or (got[key] - ref["predict"]).abs().max() > TOL):
+        if key in got and not _close(got[key], ref["predict"]):
             bad.append(f"{key}: shapes {tuple(got[key].shape)} / {tuple(ref['predict'].shape)}")
     for key, w in ref["weights"].items():
-        if key not in got["weights"] or (got["weights"][key] - w).abs().max() > TOL:
+        if key not in got["weights"] or not _close(got["weights"][key], w):
             bad.append(f"weight {key}")
     return bad
+
+
+def _close(a, b) -> bool:
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    return a.shape == b.shape and close(a, b, TOL)

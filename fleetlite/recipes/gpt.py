@@ -264,7 +264,7 @@ class GPTRecipe:
         if self.pp > 1:
             return self.model.train_batch([x, y], self.optimizer)
         loss = self.model(x, y)
-        loss.backward()
+        self.optimizer.backward(loss)  # the loss scaled for float16 amp (strategy.amp), as minimize does
         self.optimizer.step()
         self.optimizer.clear_grad()
         return loss

@@ -80,3 +80,31 @@ def test_resumed_run_deletes_the_former_best_it_inherited(tmp_path):
                   resume="latest")
     assert _checkpoints(tmp_path / "split", dirs=True) == _checkpoints(tmp_path / "whole", dirs=True) == \
         ["epoch-0005"]
+
+
+def _mp2_checkpoints(rank, world, root):
+    import torch
+    from hybrid_models import dataset as hybrid_data
+    from hybrid_models import init_fleet, tp_net
+
+    import fleetlite
+
+    torch.set_num_threads(1)
+    strategy = init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    net = tp_net()
+    t = fleetlite.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(),
+                          strategy=strategy, device="cpu")
+    ck = C.ModelCheckpoint(root, save_freq=1, keep_last=1, monitor="score", mode="min")
+    t.fit(hybrid_data(16, 1), epochs=len(SCORES), batch_size=8, callbacks=[Scripted(SCORES), ck], verbose=0)
+    return ck.best_epoch
+
+
+@pytest.mark.timeout(300)
+def test_a_hybrid_models_directories_keep_last_k_plus_current_best(tmp_path):
+    import sys
+
+    from fleetlite.testing import run_ranks
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hybrid"))
+    assert run_ranks(_mp2_checkpoints, 2, args=(str(tmp_path),), timeout=240) == [5, 5]
+    assert _checkpoints(tmp_path, dirs=True) == ["epoch-0005"]  # the file form keeps epoch-0005.pt and best.pt

@@ -129,8 +129,9 @@ def resolve(target: Any, directory: str | os.PathLike | None = None, *, require:
 
     ``"latest"``: the newest valid checkpoint in ``directory`` (an error when there is none); ``"auto"``: the
     same, or None; a checkpoint file (``NAME`` also finds ``NAME.pt``), checked with ``require``; a checkpoint
-    directory, validated; a ``latest`` pointer: the directory it names; a run's checkpoint directory: its
-    newest valid checkpoint. ``check=False`` leaves a named file or directory unchecked (its reader checks it).
+    directory, validated (``NAME.pt`` also finds the directory ``NAME/``, where a sharded save of ``NAME.pt``
+    went); a ``latest`` pointer: the directory it names; a run's checkpoint directory: its newest valid checkpoint.
+    ``check=False`` leaves a named file or directory unchecked (its reader checks it).
     """
     if target in ("latest", "auto") or target is True:
         if directory is None:
@@ -144,6 +145,8 @@ def resolve(target: Any, directory: str | os.PathLike | None = None, *, require:
     p = Path(target)
     if p.suffix == "" and not p.exists() and p.with_suffix(".pt").exists():
         p = p.with_suffix(".pt")
+    if p.suffix == ".pt" and not p.exists() and dcp.is_checkpoint_dir(p.with_suffix("")):
+        p = p.with_suffix("")  # a hybrid model's save("NAME.pt") writes the directory NAME/
     if p.name == LATEST and p.is_file():  # a sharded run's pointer: a text file naming the directory
         p = p.parent / p.read_text().strip()
     if p.is_dir() and not dcp.is_checkpoint_dir(p) and not p.name.startswith("."):

@@ -21,8 +21,9 @@ every N steps and after the last one: the model and AdamW state as each rank's s
 the losses so far and every rank's RNG states (the model-parallel tracker's included); ``latest`` names the
 newest. ``resume=latest`` (or ``true``), ``auto`` or a checkpoint path continues from it: the batch of step s is
 a function of (seed, s) alone, so the resumed run takes the steps the uninterrupted one would and ends with
-the same weights, bit for bit, on the same degrees. On other degrees (mp 2 -> 1, pp 2 -> 1, another dp) DCP
-reshards the model and optimizer, and the losses agree within float rounding.
+the same weights, bit for bit, on the same degrees. On other degrees or another pipeline layout (mp 2 -> 1,
+pp 2 -> 1, pp 2 -> mp 2, mp 2 -> pp 2, another dp) DCP reshards the model and optimizer, and the losses agree
+within float rounding: the GPT and its pipeline description name every weight alike (Note [gpt names]).
 """
 
 import sys
@@ -263,7 +264,7 @@ class GPTRecipe:
         if self.pp > 1:
             return self.model.train_batch([x, y], self.optimizer)
         loss = self.model(x, y)
-        loss.backward()
+        self.optimizer.backward(loss)  # the loss scaled for float16 amp (strategy.amp), as minimize does
         self.optimizer.step()
         self.optimizer.clear_grad()
         return loss

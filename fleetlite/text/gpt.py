@@ -156,15 +156,38 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class GPT(nn.Module):
     """token + position embedding -> ``layers`` blocks -> final norm -> tied head; ``forward(ids, targets)`` is
-    the mean loss (``targets=None``: the logits, split over the vocabulary when mp > 1)."""
+    the mean loss (``targets=None``: the logits, split over the vocabulary when mp > 1).
+
+    # Note [gpt names]
+    The layers are registered under the names a ``PipelineLayer`` of :func:`gpt_pipeline_descs` gives them (the
+    token table ``shared_layers.embed``, then ``1`` the positions, ``2 ..`` the blocks, the final norm), in the
+    same order, so one state dict (and one AdamW state, keyed by parameter name) fits every layout: a checkpoint
+    saved with pp = 2 loads into one process or mp = 2 and back (DCP reshards the slices and stages).
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = TokenEmbedding(cfg)
-        self.position = PositionEmbedding(cfg)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
-        self.norm = nn.LayerNorm(cfg.width)
+        self.shared_layers = nn.ModuleDict({"embed": TokenEmbedding(cfg)})
+        layers = [PositionEmbedding(cfg), *(Block(cfg, i) for i in range(cfg.layers)), nn.LayerNorm(cfg.width)]
+        for index, layer in enumerate(layers, start=1):
+            self.add_module(str(index), layer)
+
+    @property
+    def embed(self) -> TokenEmbedding:
+        return self.shared_layers["embed"]
+
+    @property
+    def position(self) -> PositionEmbedding:
+        return self.get_submodule("1")
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [self.get_submodule(str(i)) for i in range(2, 2 + self.cfg.layers)]
+
+    @property
+    def norm(self) -> nn.LayerNorm:
+        return self.get_submodule(str(2 + self.cfg.layers))
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         h = self.position(self.embed(ids))
@@ -179,7 +202,8 @@ def _tied_logits(embed: TokenEmbedding, h: torch.Tensor) -> torch.Tensor:
 
 
 def gpt_pipeline_descs(cfg: GPTConfig) -> list[Any]:
-    """The same GPT as a ``PipelineLayer`` list: the token table shared by the first and last stage."""
+    """The same GPT as a ``PipelineLayer`` list: the token table shared by the first and last stage (its names
+    are :class:`GPT`'s, Note [gpt names])."""
     return [mpu.SharedLayerDesc("embed", TokenEmbedding, None, "weight", cfg),
             mpu.LayerDesc(PositionEmbedding, cfg),
             *[mpu.LayerDesc(Block, cfg, i) for i in range(cfg.layers)],

@@ -184,8 +184,10 @@ class Trainer:
             if not self._config_agreed:  # fail fast, before the model is wrapped
                 self._connector.check_same_config(self.config)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
-            if is_pipeline(self.parallel_network):  # Note [hybrid trainer]
-                self.pipeline = PipelineSteps(self, self.parallel_network)
+        # Note [hybrid trainer]: built apart from the wrapping, so that a retry after its checks failed (two losses)
+        # builds it instead of training one stage as if it were the whole model
+        if self.pipeline is None and is_pipeline(self.parallel_network):
+            self.pipeline = PipelineSteps(self, self.parallel_network)
         if training:
             if self.user_optimizer is None:
                 raise ValueError("fit needs an optimizer: pass Trainer(model, optimizer, loss) or call "

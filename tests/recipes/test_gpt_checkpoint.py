@@ -2,9 +2,9 @@
 
 Reference: the uninterrupted run of the same config. A run stopped after step 2 (its checkpoint) and resumed with
 ``resume=true`` prints the same losses for steps 3-4 and the same final eval loss, and its step-4 checkpoint holds
-weights ``torch.equal`` to the uninterrupted run's. The mp2 checkpoint also resumes in one process (resharded):
-the losses then agree with the uninterrupted run within float rounding (1e-4).
-"""
+weights ``torch.equal`` to the uninterrupted run's. The mp2 checkpoint also resumes in one process (resharded),
+and across pipeline layouts (pp2 -> one process, pp2 -> mp2, mp2 -> pp2): the losses then agree with the
+uninterrupted run within float rounding (1e-4)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,22 @@ def test_resume_mistakes_are_one_line(tmp_path):
     fresh.mkdir()
     proc = fleetlite_run([*one, "resume=latest"], fresh, nproc=1)  # nothing to continue from
     assert proc.returncode == 2 and "holds no checkpoint" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(1200)
+def test_checkpoints_reshard_across_pipeline_layouts(tmp_path):
+    """A pp2 checkpoint resumes in one process and on mp2, an mp2 checkpoint on pp2 (Note [gpt names]: one state
+    dict for every layout): steps 3-4 and the final eval loss agree with the uninterrupted one-process run within
+    float rounding (1e-4)."""
+    whole, whole_final, _ = run([*TINY], tmp_path / "whole", 1)
+    cases = {"pp2": [(1, []), (2, ["hybrid=mp2"])], "mp2": [(2, ["hybrid=pp2"])]}
+    for saved, resumes in cases.items():
+        run([*TINY, f"hybrid={saved}", "train.steps=2"], tmp_path / saved, 2)
+        step2 = tmp_path / saved / "run" / "checkpoints" / "step-00000002"
+        for nproc, args in resumes:
+            where = tmp_path / f"{saved}-to-{nproc}-{'-'.join(a.split('=')[1] for a in args)}"
+            rest, final, out = run([*TINY, *args, f"resume={step2}"], where, nproc)
+            assert "resuming from" in out and sorted(rest) == [3, 4], out
+            for s in (3, 4):
+                assert float(rest[s]) == pytest.approx(float(whole[s]), abs=1e-4), (saved, args, s, rest, whole)
+            assert float(final) == pytest.approx(float(whole_final), abs=1e-4), (saved, args, final, whole_final)

@@ -87,3 +87,14 @@ def test_degrees_that_do_not_match_the_ranks_are_one_line_exit_2(tmp_path, nproc
 def test_pipeline_micro_batches_must_cover_the_batch(tmp_path):
     proc = fleetlite_run([*TINY, "hybrid=pp2", "train.global_batch_size=12"], tmp_path, nproc=2)
     assert proc.returncode == 2 and "micro_batch_size" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("nproc, hybrid", [(1, "none"), (2, "mp2")])
+def test_float16_amp_trains_with_loss_scaling(reference, tmp_path, nproc, hybrid):
+    """strategy.amp=true (float16): the loop's backward goes through the DistributedOptimizer, which scales the
+    loss; the losses stay within float16 rounding of the float32 one-process run."""
+    proc = fleetlite_run([*TINY, f"hybrid={hybrid}", "strategy.amp=true"], tmp_path, nproc=nproc, timeout=300)
+    steps, final = losses(proc)
+    assert steps == pytest.approx(reference[0], abs=1e-2)
+    assert final == pytest.approx(reference[1], abs=1e-2)

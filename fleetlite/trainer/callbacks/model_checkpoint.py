@@ -84,6 +84,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
         self.save_last = save_last
         self.verbose = verbose
         self.saved: list[str] = []
+        self.held: list[str] = []  # periodic checkpoint directories past keep_last, kept while they are the best
+        self.best_dir: str | None = None  # the directory ``best`` names (a run that checkpoints to directories)
         self.best: float | None = None
         self.best_epoch: int | None = None
         self._last_saved_step: int | None = None
@@ -225,6 +227,8 @@ class ModelCheckpoint(MonitorMixin, Callback):
         self._prune(1 if self.async_save and periodic else 0)
         folder = name[:-3] if name.endswith(".pt") else name
         rank0 = is_rank_zero()
+        if best:  # (after the prune above, so the former best goes only once this one is written; saved in its state)
+            self.best_dir = folder
         pending = self.trainer.checkpoint_connector.save_sharded(self.directory / folder, latest=True,
                                                                  async_save=self.async_save)
         self._in_flight = pending if self.async_save else None
@@ -236,24 +240,31 @@ class ModelCheckpoint(MonitorMixin, Callback):
             self._prune(0)
 
     def _prune(self, extra: int) -> None:
-        """Delete the oldest periodic checkpoint directories beyond ``keep_last`` (+ ``extra``), never ``best``."""
+        """Delete the oldest periodic checkpoint directories beyond ``keep_last`` (+ ``extra``) and every former best
+        among them: what stays is the newest ``keep_last`` and the current best, as in the file form (where
+        ``best.pt`` is a link of its own). Runs only when no save is in flight, so a new best has committed before
+        the former one goes."""
         if self.keep_last is None:
             return
-        rank0 = is_rank_zero()
-        keep = self.directory / "best"
-        best_name = keep.read_text().strip() if rank0 and keep.is_file() else None
-        while len(self.saved) > self.keep_last + extra:  # every rank keeps the same list; rank 0 deletes
+        while len(self.saved) > self.keep_last + extra:  # every rank keeps the same lists; rank 0 deletes
             old = self.saved.pop(0)
-            old = old[:-3] if old.endswith(".pt") else old
-            if rank0 and old != best_name:
-                shutil.rmtree(self.directory / old, ignore_errors=True)
+            self.held.append(old[:-3] if old.endswith(".pt") else old)
+        kept = [name for name in self.held if name == self.best_dir]
+        if is_rank_zero():
+            for name in self.held:
+                if name not in kept:
+                    shutil.rmtree(self.directory / name, ignore_errors=True)
+        self.held = kept
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": list(self.saved), "best": self.best, "best_epoch": self.best_epoch,
-                "top_k": [list(vn) for vn in self.top_k]}
+                "top_k": [list(vn) for vn in self.top_k], "held": list(self.held), "best_dir": self.best_dir}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = list(state["saved"])
         self.best = state["best"]
         self.best_epoch = state["best_epoch"]
         self.top_k = [tuple(vn) for vn in state.get("top_k", [])]
+        self.held = list(state.get("held", []))
+        epoch = state["best_epoch"]  # (a checkpoint from before best_dir was kept: its best epoch's directory)
+        self.best_dir = state.get("best_dir", None if epoch is None else f"epoch-{epoch:04d}")

@@ -20,12 +20,7 @@ from fleetlite.testing import run_ranks
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "distributed", "hybrid"))
 from pipeline_models import VOCAB, copy_from, mlp_descs, reference, tied_descs  # noqa: E402
 
-# Until fleet.distributed_model passes a one-stage PipelineLayer at pp_degree 1 through as any module (fleet.py,
-# two lines: dispatch to the pipeline only when pp_degree > 1 or num_stages > 1), these fail with its refusal
-# "PipelineLayer but hybrid_configs['pp_degree'] is 1"; strict, so the marker goes with that change.
-pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized"),
-              pytest.mark.xfail(strict=True, raises=ValueError, reason="fleet.distributed_model refuses a one-stage "
-                                "PipelineLayer at pp_degree 1")]
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 ROWS, EPOCHS = 8, 2
 
 
@@ -38,8 +33,9 @@ def _mlp_data():
 def test_one_stage_pipeline_layer_trains_as_any_module():
     fleet_impl._reset()
     x, y = _mlp_data()
-    stage = reference(mlp_descs(), nn.CrossEntropyLoss())  # PipelineLayer(num_stages=1), seeded
-    ref = reference(mlp_descs(), nn.CrossEntropyLoss())  # the same seeded layers, for a plain torch loop
+    stage = PipelineLayer(mlp_descs(), num_stages=1, loss_fn=nn.CrossEntropyLoss())
+    ref = reference("mlp")  # the same layers by hand, for a plain torch loop
+    copy_from(stage, ref)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     ref_losses = []
     for _ in range(EPOCHS):
@@ -76,7 +72,7 @@ def _pp2_tied(rank, world, save_dir):
     torch.set_num_threads(1)
     strategy = init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2},
                           {"accumulate_steps": 2, "micro_batch_size": ROWS // 2})
-    ref = reference(tied_descs(), _tied_loss)
+    ref = reference("tied")
     stage = PipelineLayer(tied_descs(), loss_fn=_tied_loss, topology=fleet_impl.get_hybrid_communicate_group()
                           .topology())
     copy_from(stage, ref)

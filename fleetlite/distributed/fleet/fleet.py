@@ -246,8 +246,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if isinstance(model, (DataParallelBase, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
-    if isinstance(model, PipelineLayer):
-        return _pipeline_model(model, strategy)
+    if isinstance(model, PipelineLayer) and (strategy.hybrid_configs["pp_degree"] > 1 or model.get_num_stages() > 1):
+        return _pipeline_model(model, strategy)  # one stage at pp_degree 1 is any module, as in Paddle
     if strategy.recompute:  # validate the names before changing anything
         resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
     if strategy.sync_batch_norm:

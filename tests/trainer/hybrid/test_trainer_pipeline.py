@@ -13,16 +13,13 @@ from hybrid_models import (
     dataset,
     init_fleet,
     more_predictions,
-    pipeline_descs,
     pipeline_stage,
     reference_net,
     run_trainer,
 )
 from torch import nn
 
-import fleetlite
 from fleetlite.distributed.fleet import fleet as fleet_impl
-from fleetlite.distributed.fleet.meta_parallel import PipelineLayer
 from fleetlite.testing import run_ranks
 
 PIPE = {"accumulate_steps": 2, "micro_batch_size": 4}
@@ -101,13 +98,3 @@ def test_mp2_pp2_trainer_equals_one_process(tmp_path):
     ref = _reference(ROWS)
     _check(run_ranks(_pp, 4, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2}, str(tmp_path)), timeout=300),
            ref)
-
-
-def test_pipeline_layer_without_pipeline_degree_fails_before_training():
-    fleet_impl._reset()
-    torch.manual_seed(0)
-    stage = PipelineLayer(pipeline_descs(), num_stages=1, loss_fn=nn.CrossEntropyLoss())
-    t = fleetlite.Trainer(stage, torch.optim.SGD(stage.parameters(), lr=0.1), device="cpu")
-    with pytest.raises(ValueError, match=r"PipelineLayer but hybrid_configs\['pp_degree'\] is 1"):
-        t.fit(dataset(16, 1), batch_size=8, verbose=0)
-    assert t.global_step == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from trainer_helpers import dataset, trainer
+from trainer_helpers import dataset, mlp, trainer, xy
 
 import fleetlite
 from fleetlite.recipe.build import build_callbacks, build_scheduler
@@ -122,3 +122,56 @@ def test_the_counter_sees_a_per_step_read_in_fleetlite(tmp_path, monkeypatch):
     assert [c[0] for c in found] == [(0, b) for b in range(STEPS) if (b + 1) % LOG_FREQ and b + 1 != STEPS]
     assert all(c[1].startswith(os.path.join("trainer", "callbacks", "eager.py")) and c[2] == "__bool__"
                for c in found), found
+
+
+class NaNFromStep(fleetlite.Trainer):
+    """The loss reported from optimizer step ``bad`` on is NaN (the weights stay finite)."""
+
+    bad = 6
+
+    def train_step(self, batch):
+        out = super().train_step(batch)
+        return {"loss": out["loss"] * float("nan")} if self.global_step + 1 >= self.bad else out
+
+
+@pytest.mark.parametrize("check_freq", [1, 4])
+@pytest.mark.parametrize("first", [True, False])
+def test_no_checkpoint_follows_a_non_finite_loss_the_verdict_read_late_or_not(tmp_path, first, check_freq):
+    """The verdict is read one step late, except before a save (Note [non-finite loss]): a save due at the bad
+    step 6 is dropped and training stops there, whatever the callbacks' order or ``check_freq``; without a save
+    at the bad step 7 the stop comes one step later (a hand loop checking each step would stop at 7)."""
+    for bad, stop in ((6, 6), (7, 8 if check_freq == 1 else 9)):
+        t = trainer(cls=NaNFromStep)
+        t.bad = bad
+        nan = C.TerminateOnNaN(check_freq=check_freq)
+        saving = C.ModelCheckpoint(str(tmp_path / str(bad)), save_freq=None, save_steps=3)
+        t.fit(dataset(160), epochs=1, batch_size=8, verbose=0, callbacks=[nan, saving] if first else [saving, nan])
+        saved = sorted(p.name for p in (tmp_path / str(bad)).glob("step-*"))
+        assert saved == ["step-00000003.pt"] + (["step-00000006.pt"] if bad == 7 else []), saved
+        assert t.terminated_on_nan == (bad if check_freq == 1 or bad == 6 else 8)
+        assert t.global_step == stop
+
+
+def test_a_progress_line_reads_its_values_in_one_copy(monkeypatch, capsys):
+    """verbose=1 reads a line's loss and metrics in one copy (non-blocking on a GPU), not one ``.item()`` per value,
+    and nothing in the batches between lines; the printed values are the epoch's running ones."""
+    t = trainer()
+    counter = SyncCounter(monkeypatch)
+    t.fit(dataset(STEPS * 8), epochs=1, batch_size=8, shuffle=False, log_freq=LOG_FREQ, verbose=1,
+          callbacks=[Where(counter)])
+    progress = [c for c in counter.calls if c[1].startswith(os.path.join("trainer", "callbacks")) and c[0]]
+    # per line, at the line's batch: one copy of all values (.cpu(); a non-blocking copy on a GPU), then the
+    # host copy read out (.tolist() of host memory); before, one .item() per value
+    assert [(c[0][1], c[2]) for c in progress] == [(b, m) for b in (3, 7, 9) for m in ("cpu", "tolist")], progress
+    first = next(ln for ln in capsys.readouterr().out.splitlines() if " step 4/" in ln)
+    net = mlp(0)  # a hand loop: the running mean of the first four batches' losses
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    x, y = xy(STEPS * 8)
+    losses = []
+    for i in range(4):
+        loss = torch.nn.functional.cross_entropy(net(x[8 * i:8 * i + 8]), y[8 * i:8 * i + 8])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert f"loss: {sum(losses) / 4:.4f} - acc_top1: " in first, first

@@ -175,3 +175,71 @@ def test_a_progress_line_reads_its_values_in_one_copy(monkeypatch, capsys):
         opt.step()
         losses.append(loss.item())
     assert f"loss: {sum(losses) / 4:.4f} - acc_top1: " in first, first
+
+
+class TensorMaking:
+    """Counts the tensors fleetlite makes from host data (``torch.tensor/as_tensor/from_numpy``) while iterating."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[str] = []
+        for name in ("tensor", "as_tensor", "from_numpy"):
+            monkeypatch.setattr(torch, name, self._wrap(getattr(torch, name), name))
+
+    def _wrap(self, original, name):
+        def wrapper(*args, **kwargs):
+            path = os.path.abspath(sys._getframe(1).f_code.co_filename)
+            if path.startswith(PACKAGE):
+                self.calls.append(f"{path[len(PACKAGE):]}:{name}")
+            return original(*args, **kwargs)
+
+        return wrapper
+
+
+def test_fit_on_tensors_indexes_them_with_one_host_copy_per_epoch(monkeypatch):
+    """``fit((x, y))``: each batch's indices are a slice of the pass's order, sent to the data's device once per
+    epoch, not an index tensor made on the host per batch; the batches are those of the sampler's order."""
+    from fleetlite.io import DistributedBatchSampler
+    from fleetlite.trainer.data_adapter import build_adapter
+
+    x, y = xy(83)
+    adapter = build_adapter((x, y), batch_size=8, shuffle=True, seed=3)
+    reference = DistributedBatchSampler(range(83), 8, num_replicas=1, rank=0, shuffle=True, seed=3)
+    made = TensorMaking(monkeypatch)
+    for epoch in (0, 1):
+        adapter.set_epoch(epoch)
+        reference.set_epoch(epoch)
+        got = list(adapter)
+        want = list(reference)
+        assert len(got) == len(want) == 11
+        for (xb, yb), idx in zip(got, want):
+            torch.testing.assert_close(xb, x[idx], rtol=0, atol=0)
+            torch.testing.assert_close(yb, y[idx], rtol=0, atol=0)
+    assert len(made.calls) == 2, made.calls  # one per epoch (before: one per batch)
+
+
+def test_tensor_loader_makes_one_index_and_one_augmentation_copy_per_epoch(monkeypatch):
+    """TensorLoader: the pass's order and the epoch's augmentation table each go to its device in one copy (from
+    pinned memory on a GPU), nothing per batch; the batches are those of the per-batch reference computation."""
+    from fleetlite.io import DistributedBatchSampler, TensorLoader
+    from fleetlite.io.image_ops import crop_flip, normalize
+    from fleetlite.vision.datasets import SyntheticCifar10
+
+    images, labels = SyntheticCifar10(size=100).as_tensors()
+    loader = TensorLoader(images, labels, batch_size=16, num_replicas=1, rank=0, seed=5)
+    next(iter(loader))  # warm-up: the normalisation constants
+    loader.set_epoch(1)
+    made = TensorMaking(monkeypatch)
+    got = list(loader)
+    assert len(made.calls) == 2, made.calls  # the order and the augmentation table (before: 3 + one per batch)
+    import numpy as np  # the reference: Note [augmentation seeds]'s tables, one index tensor per batch
+
+    rng = np.random.default_rng([5, 1, 1])
+    dy, dx, flip = (rng.integers(0, 9, 100), rng.integers(0, 9, 100), rng.integers(0, 2, 100).astype(bool))
+    monkeypatch.undo()
+    sampler = DistributedBatchSampler(range(100), 16, num_replicas=1, rank=0, shuffle=True, seed=5)
+    sampler.set_epoch(1)
+    for (xb, yb), idx in zip(got, sampler, strict=True):
+        i = torch.tensor(idx)
+        want = crop_flip(images[i], torch.from_numpy(dy)[i], torch.from_numpy(dx)[i], torch.from_numpy(flip)[i], 4)
+        torch.testing.assert_close(xb, normalize(want, (0.0,) * 3, (1.0,) * 3, False), rtol=0, atol=0)
+        torch.testing.assert_close(yb, labels[i], rtol=0, atol=0)

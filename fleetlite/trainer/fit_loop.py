@@ -122,8 +122,9 @@ class FitState(FitProgress):
 
     def add_batch(self, loss: torch.Tensor, n: int) -> torch.Tensor:
         """Add a batch's mean loss (weight ``n``) to the sums; returns the running mean (a device tensor)."""
-        # the sums stay on the loss's device: no device sync per step (read at log time / epoch end)
-        self.loss_sum = self.loss_sum.to(loss.device) + loss.detach().to(torch.float64) * n
+        # the sums stay on the loss's device: no device sync per step (read at log time / epoch end); the epoch's
+        # first batch moves the CPU zero there without blocking (a pageable copy is staged at once)
+        self.loss_sum = self.loss_sum.to(loss.device, non_blocking=True) + loss.detach().to(torch.float64) * n
         self.count += n
         return self.loss_sum / max(self.count, 1)
 

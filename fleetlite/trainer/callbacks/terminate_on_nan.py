@@ -18,7 +18,8 @@ the device and copied to pinned host memory without blocking; it is read at
 step N+1, after that step's work is queued, by waiting on an event recorded
 at step N (the GPU still has step N+1 to run, so it never idles). The lag is
 bounded: a non-finite loss at step N stops training after step N+1 at the
-latest, on every rank alike (the ranks read the same all-reduced vector at the
+latest (with ``check_freq=k``: one step after the first checked step from N
+on), on every rank alike (the ranks read the same all-reduced vector at the
 same step), and ``trainer.terminated_on_nan`` / the error name step N. Before
 any checkpoint is written (the Trainer's fit loop calls :meth:`TerminateOnNaN.before_save`
 when saves are requested: a save reads the weights anyway) and at an epoch's and
@@ -94,6 +95,8 @@ class TerminateOnNaN(Callback):
         value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=device)
         bad = ~torch.isfinite(value.to(torch.float64)).all()
         flags = flags_of_ranks(bad, value.device)
+        if len(self._slots) != 2 or self._slots[0][0].numel() != flags.numel():
+            self._make_slots()  # on_train_begin made them, unless the hooks are driven by hand
         host, view = self._slots[self._next]
         self._next = 1 - self._next
         event = None
@@ -142,12 +145,15 @@ class TerminateOnNaN(Callback):
         self._settle()
 
     # -- hooks --------------------------------------------------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._reset()
+    def _make_slots(self) -> None:
         world = collective.get_world_size() if collective.is_initialized() else 1
         pin = torch.device(self.trainer.device).type == "cuda"
         buffers = (torch.zeros(world, pin_memory=pin), torch.zeros(world, pin_memory=pin))
         self._slots = [(buf, buf.numpy()) for buf in buffers]  # read through numpy: no tensor call per step
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+        self._make_slots()
 
     def on_train_batch_end(self, step, logs=None):
         t = self.trainer

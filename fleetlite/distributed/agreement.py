@@ -2,8 +2,8 @@
 
 The helpers every layer above uses when all ranks must decide alike: rank 0's
 value everywhere (:func:`from_rank0`: the recipe's run directory, a
-checkpoint's path), which ranks saw something (:func:`flagged_ranks`: a
-non-finite loss), whether every rank holds the same thing
+checkpoint's path), which ranks saw something (:func:`flagged_ranks`, or
+:func:`flags_of_ranks` to read it later: a non-finite loss), whether every rank holds the same thing
 (:func:`check_same_across_ranks`: the config, the model), and a side group of
 its own for collectives that must not interleave with training's
 (:func:`side_group`: background checkpoint saves, the pre-emption poll). Each
@@ -25,8 +25,8 @@ import torch.distributed as tdist
 
 from .collective import _collective, all_gather_object, all_reduce, get_rank, get_world_size, is_initialized
 
-__all__ = ["RankMismatchError", "from_rank0", "flagged_ranks", "side_group", "check_same_across_ranks",
-           "differences"]
+__all__ = ["RankMismatchError", "from_rank0", "flagged_ranks", "flags_of_ranks", "side_group",
+           "check_same_across_ranks", "differences"]
 
 _side_groups: dict[str, tuple[Any, Any]] = {}  # name -> (default group it was made for, the side group)
 
@@ -70,19 +70,30 @@ def from_rank0(value: Any, group: Any = None) -> Any:
     return holder[0]
 
 
+def flags_of_ranks(flag: bool | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Every rank's ``flag`` as a ``world_size``-long float tensor on ``device``, the same on every rank.
+
+    Collective (one all-reduce), and nothing is read on the host: with a 0-d ``flag`` tensor on a GPU the
+    host queues the work and goes on (read the result later, e.g. through a non-blocking copy; see
+    Note [non-finite loss] in :mod:`fleetlite.trainer.callbacks.terminate_on_nan`). Without a process group:
+    ``flag`` as a 1-long tensor.
+    """
+    world = get_world_size() if is_initialized() else 1
+    flags = torch.zeros(world, dtype=torch.float32, device=device)
+    flags[get_rank() if world > 1 else 0] = torch.as_tensor(flag).to(device=device, dtype=torch.float32)
+    if world > 1:
+        all_reduce(flags)
+    return flags
+
+
 def flagged_ranks(flag: bool | torch.Tensor, device: torch.device | str = "cpu") -> list[int]:
     """The ranks whose ``flag`` is true, the same list on every rank (one all-reduce of ``device`` tensors).
 
     ``flag`` may be a 0-d tensor on ``device`` (no host sync before the
-    collective). Without a process group: ``[0]`` or ``[]``.
+    collective); the answer is read on the host (a device sync: use :func:`flags_of_ranks` to read it later).
+    Without a process group: ``[0]`` or ``[]``.
     """
-    world = get_world_size()
-    if world == 1 or not is_initialized():
-        return [0] if bool(flag) else []
-    flags = torch.zeros(world, dtype=torch.float32, device=device)
-    flags[get_rank()] = torch.as_tensor(flag).to(device=device, dtype=torch.float32)
-    all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]
+    return [r for r, f in enumerate(flags_of_ranks(flag, device).tolist()) if f]
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

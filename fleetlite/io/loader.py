@@ -129,22 +129,32 @@ class TensorLoader:
     # -- iteration ---------------------------------------------------------------------------------------------
 
     def _augmentation(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # Note [augmentation seeds]: per sample index, from (seed, epoch) only
+        # Note [augmentation seeds]: per sample index, from (seed, epoch) only; drawn on the host (the same
+        # values on every device) and sent to the device in one copy, from pinned memory without blocking
         rng = np.random.default_rng([self.batch_sampler.seed, epoch, 1])
         n = self.images.shape[0]
         dy = rng.integers(0, 2 * self.padding + 1, n)
         dx = rng.integers(0, 2 * self.padding + 1, n)
-        flip = rng.integers(0, 2, n).astype(bool)
-        return tuple(torch.from_numpy(a).to(self.device) for a in (dy, dx, flip))
+        flip = rng.integers(0, 2, n)
+        table = torch.from_numpy(np.stack([dy, dx, flip]).astype(np.int64))
+        table = table.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
+            else table.to(self.device)
+        return table[0], table[1], table[2].bool()
+
+    def _indices(self) -> Iterator[torch.Tensor]:
+        """Each batch's indices on the loader's device: slices of the pass's order, copied there once."""
+        sampler = self.batch_sampler
+        if hasattr(sampler, "device_batches"):
+            yield from sampler.device_batches(self.device)
+            return
+        for indices in sampler:  # another sampler with the protocol: one pinned, non-blocking copy per batch
+            idx = torch.tensor(indices, dtype=torch.int64)
+            yield (idx.pin_memory() if self.device.type == "cuda" else idx).to(self.device, non_blocking=True)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch = self.batch_sampler.epoch  # the epoch the sampler's next pass uses
         aug = self._augmentation(epoch) if self.augment else None
-        for indices in self.batch_sampler:
-            idx = torch.tensor(indices, dtype=torch.int64)
-            if self.device.type == "cuda":  # from pinned memory the copy is asynchronous
-                idx = idx.pin_memory()
-            idx = idx.to(self.device, non_blocking=True)
+        for idx in self._indices():
             x = self.images.index_select(0, idx)
             if aug is not None:
                 x = crop_flip(x, aug[0][idx], aug[1][idx], aug[2][idx], self.padding, self.pad_mode)

@@ -170,6 +170,22 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         # Every pass starts the epoch afresh (as Paddle's and torch's samplers do: a peek, a `break`
         # or a prefetching loader must not eat into the next pass), except the first pass after
         # load_state_dict, which continues from the restored position.
+        return self._batches(None)
+
+    def device_batches(self, device: torch.device | str) -> Iterator[torch.Tensor]:
+        """The batches of ``iter(sampler)`` (same order, padding and cursor), as int64 index tensors on ``device``.
+
+        The pass's whole order goes to ``device`` once, from pinned memory without blocking on CUDA; each batch
+        is a slice of it, so no index tensor is made on the host per batch and nothing waits for the device.
+
+        Example::
+
+            s = DistributedBatchSampler(range(11), batch_size=2, num_replicas=2, rank=1)
+            [b.tolist() for b in s.device_batches("cpu")]   # [[2, 3], [6, 7], [10, 0]]
+        """
+        return self._batches(torch.device(device))
+
+    def _batches(self, device: torch.device | None) -> Iterator[Any]:
         p = self._new_pass()
         self._pass = p
         self._start = 0
@@ -177,7 +193,12 @@ class DistributedBatchSampler(torch.utils.data.Sampler):
         order = self._order(p.epoch)
         # Note [sampler layout]: the remaining order, padded by cycling the head of the epoch's order
         pad = padded_length(p.remaining, self.nranks) - p.remaining
-        padded = np.concatenate([order[p.start:], order[np.arange(pad) % self._n]]).tolist()
+        padded: Any = np.concatenate([order[p.start:], order[np.arange(pad) % self._n]])
+        if device is None:
+            padded = padded.tolist()
+        else:
+            host = torch.from_numpy(padded.astype(np.int64))
+            padded = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
         try:
             if not p.slices:  # nothing to hand out (drop_last with a short remainder): the epoch is over
                 self.epoch, self._offset = p.epoch + 1, 0

@@ -236,6 +236,10 @@ class CheckpointConnector:
         """Run ``fn`` (a save) once the current hook has reached every callback (Note [checkpoint timing])."""
         self._requests.append(fn)
 
+    def has_requests(self) -> bool:
+        """Whether saves are requested and not run yet (the fit loop reads TerminateOnNaN's verdict first)."""
+        return bool(self._requests)
+
     def run_requests(self) -> None:
         """Run the requested saves in order; dropped after a non-finite loss stopped fit (Note [saves in flight])."""
         if self.trainer.terminated_on_nan is not None:

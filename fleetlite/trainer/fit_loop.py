@@ -46,7 +46,7 @@ import torch
 from ..checkpoint import LoadedCheckpoint, capture_rng_state
 from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
-from .callbacks import NonFiniteLossError, Preemption
+from .callbacks import NonFiniteLossError, Preemption, TerminateOnNaN
 from .data_adapter import DataAdapter, batch_length
 from .hybrid import agree_buffers
 from .loops import EvaluationLoop, FitPlan, metric_logs, pass_logs
@@ -122,8 +122,9 @@ class FitState(FitProgress):
 
     def add_batch(self, loss: torch.Tensor, n: int) -> torch.Tensor:
         """Add a batch's mean loss (weight ``n``) to the sums; returns the running mean (a device tensor)."""
-        # the sums stay on the loss's device: no device sync per step (read at log time / epoch end)
-        self.loss_sum = self.loss_sum.to(loss.device) + loss.detach().to(torch.float64) * n
+        # the sums stay on the loss's device: no device sync per step (read at log time / epoch end); the epoch's
+        # first batch moves the CPU zero there without blocking (a pageable copy is staged at once)
+        self.loss_sum = self.loss_sum.to(loss.device, non_blocking=True) + loss.detach().to(torch.float64) * n
         self.count += n
         return self.loss_sum / max(self.count, 1)
 
@@ -239,11 +240,20 @@ class FitLoop:
                 logs.update({f"val_{k}": v for k, v in val.items()})
             st.epoch_finished = True
             callbacks.on_epoch_end(epoch, logs)
-            t.run_pending_saves()
+            self._run_saves()
         st.at_step_boundary = True
         if train.sharded:
             agree_buffers(t)  # Note [agreed buffers]
         callbacks.on_train_end(logs)
+        self._run_saves()
+
+    def _run_saves(self) -> None:
+        """Run the saves the hooks requested; a non-finite loss not yet looked at is looked at first, so nothing is
+        saved after it (Note [non-finite loss])."""
+        t = self.trainer
+        if t.checkpoint_connector.has_requests():
+            for cb in self.callbacks.find(TerminateOnNaN):
+                cb.before_save()
         t.run_pending_saves()
 
     def _batches(self, batches, pass_len: int | None, merge: GradientMerge) -> bool:
@@ -266,7 +276,7 @@ class FitLoop:
             if st.at_step_boundary:
                 st.global_step += 1
             callbacks.on_train_batch_end(st.batch_in_epoch - 1, step_logs)
-            t.run_pending_saves()
+            self._run_saves()
             if self.evaluation is not None and st.at_step_boundary and self.plan.eval_steps \
                     and st.global_step % self.plan.eval_steps == 0:
                 self._evaluate_in_epoch()

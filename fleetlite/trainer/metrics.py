@@ -238,8 +238,8 @@ class Accuracy(Metric):
         correct = as_tensor(correct, "correct")
         n = correct[..., 0].numel() if correct.dim() else 1
         sums = torch.stack([correct[..., :k].sum() for k in self.topk]).to(torch.float64)
-        self._total = self._total.to(sums.device) + sums
-        self._count = self._count.to(sums.device) + n
+        self._total = self._total.to(sums.device, non_blocking=True) + sums  # the epoch's first batch: no sync
+        self._count = self._count.to(sums.device, non_blocking=True) + n
         return sums, n
 
     def update(self, correct: Any, *args) -> float | list[float]:

@@ -38,14 +38,17 @@ def test_tensor_loader_makes_batches_without_a_host_sync(sync_mode):
     sync_mode(0)
 
 
-def _amp_steps(dtype, steps=3):
+def _amp_steps(dtype, steps=3, model=None, batches=None):
+    """``steps`` amp steps; ``model`` (on the GPU) and ``batches`` (on the GPU) made beforehand by the caller when
+    the steps run under a sync check (moving them there is a host sync of its own, not the step's)."""
     from fleetlite.distributed import fleet
 
+    model = SmallNet().cuda() if model is None else model
+    batches = [batch(step, 0, "cuda") for step in range(steps)] if batches is None else batches
     fleet.init(is_collective=True, strategy=fleet.DistributedStrategy(amp=True, amp_configs={"dtype": dtype}))
-    model = fleet.distributed_model(SmallNet().cuda())
+    model = fleet.distributed_model(model)
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    for step in range(steps):
-        x, y = batch(step, 0, "cuda")
+    for x, y in batches:
         with opt.amp.autocast():
             loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.minimize(loss)
@@ -53,19 +56,25 @@ def _amp_steps(dtype, steps=3):
     return opt
 
 
+def _on_gpu(steps):
+    return SmallNet().cuda(), [batch(step, 0, "cuda") for step in range(steps)]
+
+
 def test_bf16_step_has_no_host_sync_and_fp16_at_most_one(sync_mode, clean_dist_env):
     _amp_steps("bfloat16")  # warm-up
+    model, batches = _on_gpu(2)  # outside the checked region: .cuda() and the batches' copies sync by themselves
     sync_mode("error")
-    _amp_steps("bfloat16", steps=2)
+    _amp_steps("bfloat16", model=model, batches=batches)
     sync_mode(0)
     _amp_steps("float16")
+    model, batches = _on_gpu(2)
     sync_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _amp_steps("float16", steps=2)
+        _amp_steps("float16", model=model, batches=batches)
     sync_mode(0)
-    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
-    assert len(syncs) <= 2, [str(w.message) for w in syncs]  # at most one per step
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) <= 2, syncs  # at most one per step
 
 
 def test_fp16_inf_skips_the_step_and_backs_the_scale_off(clean_dist_env):
@@ -149,3 +158,45 @@ def test_one_trainer_step_syncs_at_most_as_the_issue_allows(sync_mode, clean_dis
     sync_mode(0)
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
     assert len(syncs) <= allowed, syncs
+
+
+def test_the_recipe_callbacks_train_between_progress_lines_without_a_host_sync(tmp_path, sync_mode, clean_dist_env,
+                                                                               capsys):
+    """The recipe's default callbacks (LR schedule, run log, metrics.csv, checkpoints, TerminateOnNaN, pre-emption)
+    and fit's progress bar, on TensorLoader batches made on the GPU: every batch that prints no progress line runs
+    under ``torch.cuda.set_sync_debug_mode("error")`` (from its ``on_train_batch_begin`` to the next one's, its
+    hooks and requested saves included); the line batches and the epoch ends may read values."""
+    from hydra import compose, initialize_config_dir
+
+    import fleetlite
+    from fleetlite.io import TensorLoader
+    from fleetlite.recipe.build import build_callbacks, build_scheduler
+    from fleetlite.recipe.schema import register_configs
+    from fleetlite.trainer import callbacks as C
+    from fleetlite.vision.datasets import SyntheticCifar10
+
+    log_freq, steps = 4, 10
+
+    class Checked(C.Callback):
+        def on_train_batch_begin(self, step, logs=None):
+            line = (step + 1) % log_freq == 0 or step + 1 == steps
+            sync_mode(0 if line else "error")
+
+        def on_epoch_end(self, epoch, logs=None):
+            sync_mode(0)
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("cifar10", overrides=["sched=onecycle"])
+    x, y = SyntheticCifar10(size=steps * 32).as_tensors()
+    loader = TensorLoader(x, y, batch_size=32, device="cuda", num_replicas=1, rank=0, drop_last=True)
+    net = SmallNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    t = fleetlite.Trainer(net, opt, torch.nn.CrossEntropyLoss(), metrics=fleetlite.metric.Accuracy(), device="cuda")
+    callbacks = build_callbacks(cfg.trainer, tmp_path, build_scheduler(cfg.sched, opt, 3, steps))
+    t.fit(loader, epochs=1, verbose=0)  # warm-up: the wrapped model, the optimizer's state, cuDNN plans
+    t.fit(loader, epochs=3, log_freq=log_freq, verbose=1, callbacks=[Checked(), *callbacks], save_dir=tmp_path)
+    sync_mode(0)
+    assert t.global_step == 3 * steps + steps and t.terminated_on_nan is None
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln]
+    assert len(lines) == 3 * 3, lines

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+import torch
+
 from .base import Callback, is_rank_zero, to_python
 
 __all__ = ["ProgressBar", "ProgBarLogger", "format_logs", "epoch_label", "display_epoch_label"]
@@ -44,6 +46,46 @@ def format_logs(logs: dict[str, Any] | None, skip: tuple[str, ...] = ("batch_siz
     return " - ".join(parts)
 
 
+_BAR_SECONDS = 0.1  # the terminal bar's count is updated about this often
+
+
+class _Line:
+    """A progress line whose scalar tensor values travel to the host in one non-blocking copy (pinned memory and
+    an event on CUDA; at once on the CPU, or when the values are not all 0-d tensors of one device)."""
+
+    def __init__(self, logs: dict[str, Any] | None, head: str, rate: float, left: float, done: int) -> None:
+        self.head, self.rate, self.left, self.done = head, rate, left, done
+        self.logs = dict(logs or {})
+        self.keys = [k for k, v in self.logs.items() if isinstance(v, torch.Tensor) and v.numel() == 1]
+        self.event = None
+        self.host: torch.Tensor | None = None
+        tensors = [self.logs[k].detach() for k in self.keys]
+        if not tensors or len({t.device for t in tensors}) > 1:
+            self.keys = []
+            return
+        self.floating = [t.is_floating_point() for t in tensors]
+        stacked = torch.stack([t.reshape(()).to(torch.float64) for t in tensors])
+        if stacked.device.type == "cuda":
+            self.host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            self.host.copy_(stacked, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = stacked.cpu()
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def values(self) -> dict[str, Any]:
+        """The logs with host numbers in place of the copied tensors (waits for the copy if it is not done)."""
+        if self.event is not None:
+            self.event.synchronize()
+        if self.host is not None:
+            for k, v, f in zip(self.keys, self.host.tolist(), self.floating):
+                self.logs[k] = v if f else int(v)
+        return self.logs
+
+
 def _hms(seconds: float) -> str:
     seconds = max(int(seconds), 0)
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -75,6 +117,8 @@ class ProgressBar(Callback):
         self._progress = None
         self._task = None
         self._active = False
+        self._waiting: _Line | None = None  # a progress line whose values are being copied to the host
+        self._next_bar = 0.0  # when the terminal bar's count is next updated (time.perf_counter)
 
     # -- helpers ---------------------------------------------------------------
     def epoch_label(self, epoch: int, epochs: int | None) -> str:
@@ -102,7 +146,7 @@ class ProgressBar(Callback):
         return bool(isatty and isatty())
 
     def _throughput(self) -> tuple[float, float]:
-        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        elapsed = self._elapsed()
         done = self._done - self._start_step
         rate = self._samples / elapsed
         left = (self._total - self._done) * elapsed / done if done > 0 and self._total else 0.0
@@ -121,6 +165,7 @@ class ProgressBar(Callback):
         self._samples = 0.0
         self._world = int(self.params.get("world_size", 1))
         self._t0 = time.perf_counter()
+        self._waiting, self._next_bar = None, 0.0
         self._desc = self.epoch_label(epoch, self.params.get("epochs"))
         if self._rich_wanted():
             self._start_rich()
@@ -141,25 +186,49 @@ class ProgressBar(Callback):
                                              info="")
 
     def on_train_batch_end(self, step, logs=None):
+        # Note [progress off the hot path]: a batch that prints no line costs a counter (and, on a terminal, a
+        # clock read: the bar's count is updated at most every 0.1 s); a line's values are copied to the host
+        # without blocking and the line is written once they are there (at once on the CPU), its rate and ETA
+        # taken when it was due
         if not self._active:
             return
         self._done = step + 1
-        self._samples += float(to_python((logs or {}).get("batch_size", 0))) * self._world
+        n = (logs or {}).get("batch_size", 0)
+        self._samples += (n if isinstance(n, int) else float(to_python(n))) * self._world
+        if self._waiting is not None and self._waiting.ready():
+            self._show()
         if self._done % self._freq() and self._done != self._total:
             if self._progress is not None:
-                self._progress.update(self._task, completed=self._done)
+                now = time.perf_counter()
+                if now >= self._next_bar:
+                    self._progress.update(self._task, completed=self._done)
+                    self._next_bar = now + _BAR_SECONDS
             return
+        self._show()  # the previous line, if its values are still on their way
         rate, left = self._throughput()
-        info = format_logs(logs)
+        total = f"/{self._total}" if self._total else ""
+        self._waiting = _Line(logs, f"{self._desc} step {self._done}{total}", rate, left, self._done)
+        if self._waiting.ready():
+            self._show()
+
+    def _elapsed(self) -> float:
+        return max(time.perf_counter() - self._t0, 1e-9)
+
+    def _show(self) -> None:
+        """Write the waiting line (waiting for its values if they are still being copied)."""
+        line, self._waiting = self._waiting, None
+        if line is None:
+            return
+        info = format_logs(line.values())
         if self._progress is not None:
-            self._progress.update(self._task, completed=self._done, info=f"{rate:.1f} samples/s - {info}")
+            self._progress.update(self._task, completed=line.done, info=f"{line.rate:.1f} samples/s - {info}")
         else:
-            total = f"/{self._total}" if self._total else ""
-            self._line(f"{self._desc} step {self._done}{total} - {info} - {rate:.1f} samples/s - ETA {_hms(left)}")
+            self._line(f"{line.head} - {info} - {line.rate:.1f} samples/s - ETA {_hms(line.left)}")
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._active:
             return
+        self._show()
         elapsed = time.perf_counter() - self._t0
         rate = self._samples / max(elapsed, 1e-9)
         self._stop_rich()
@@ -172,6 +241,8 @@ class ProgressBar(Callback):
             self._task = None
 
     def on_train_end(self, logs=None):
+        if self._active:
+            self._show()
         self._stop_rich()
 
     def on_eval_end(self, logs=None):

@@ -6,6 +6,11 @@ tensor with the whole batch of indices at once (as :class:`~fleetlite.io.TensorL
 same batches (same values, dtypes and order, as a list like the collated ones) in about 0.02 ms. The
 indices come from the same :class:`~fleetlite.io.DistributedBatchSampler`, so the order, the padding and
 the positions saved for a mid-epoch resume are those of the ``DataLoader`` path.
+
+Tensors on one device (a GPU's, say) are indexed on that device: the sampler's order for the pass goes there
+once (:meth:`~fleetlite.io.DistributedBatchSampler.device_batches`: one pinned, non-blocking copy per epoch)
+and each batch's indices are a slice of it, so no index tensor is made on the host per batch and the host
+never waits for the device to hand out a batch.
 """
 
 from __future__ import annotations
@@ -47,8 +52,7 @@ class TensorAdapter(SampledAdapter):
         super().__init__(None, sampler)
         self.pin_memory = pin_memory
 
-    def _gather(self, indices: list[int]) -> list[torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long)
+    def _gather(self, index: torch.Tensor) -> list[torch.Tensor]:
         out = []
         for t in self.tensors:
             b = t[index if t.device == index.device else index.to(t.device)]
@@ -60,8 +64,10 @@ class TensorAdapter(SampledAdapter):
         return out
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
-        for indices in self.sampler:
-            yield self._gather(indices)
+        devices = {t.device for t in self.tensors}
+        device = devices.pop() if len(devices) == 1 else torch.device("cpu")  # mixed: gathered from the CPU
+        for index in self.sampler.device_batches(device):
+            yield self._gather(index)
 
     def __len__(self) -> int:
         return len(self.sampler)

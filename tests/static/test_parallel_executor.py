@@ -49,7 +49,7 @@ def test_split_rule_and_fetch_concatenation():
     assert n.tolist() == [1, 2]  # Paddle's split: 3 samples on 2 devices -> [0] and [1, 2]
     assert isinstance(logits, np.ndarray) and logits.shape == (3, 3)
     with torch.no_grad():
-        np.testing.assert_allclose(logits, net(x, y)["logits"].numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(logits, net(x, y)["logits"].numpy(), rtol=0, atol=1e-6, equal_nan=False)
     x, y = _batch(7)
     n, logits = exe.run(["n", "logits"], feed={"x": x, "y": y}, return_numpy=False)
     assert n.tolist() == [3, 4] and isinstance(logits, torch.Tensor) and logits.shape == (7, 3)
@@ -127,8 +127,8 @@ def test_share_vars_from_sees_updated_parameters():
         (lg2,) = other.run(["logits"], feed={"x": x, "y": y})
         with torch.no_grad():
             expect = net(x, y)["logits"].numpy()
-        np.testing.assert_allclose(lg1, expect, rtol=0, atol=1e-6)
-        np.testing.assert_allclose(lg2, expect, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(lg1, expect, rtol=0, atol=1e-6, equal_nan=False)
+        np.testing.assert_allclose(lg2, expect, rtol=0, atol=1e-6, equal_nan=False)
         train.run(["loss"], feed={"x": x, "y": y})  # the next evaluation must see this step
     with pytest.raises(ValueError, match="evaluation executors"):
         ParallelExecutor(False, loss_name="loss", main_program=prog, share_vars_from=train)
@@ -146,7 +146,7 @@ def test_drop_local_exe_scopes_keeps_results_unchanged():
         exes[1].drop_local_exe_scopes()
         for out in outs[1:]:
             for a, b in zip(outs[0], out):
-                np.testing.assert_array_equal(a, b)
+                np.testing.assert_allclose(a, b, rtol=0, atol=0, equal_nan=False)
     for n in nets[1:]:
         for p, q in zip(nets[0].parameters(), n.parameters()):
             assert torch.equal(p, q)
@@ -163,7 +163,8 @@ def test_replicas_follow_changes_to_the_module_between_runs():
         other.fc2.bias.add_(1.0)
         expect = other(x, y)["logits"].numpy()
     (logits,) = exe.run(["logits"], feed={"x": x, "y": y})
-    np.testing.assert_allclose(logits, expect, rtol=0, atol=1e-6)  # rows 2..3 come from the second replica
+    # rows 2..3 come from the second replica
+    np.testing.assert_allclose(logits, expect, rtol=0, atol=1e-6, equal_nan=False)
 
 
 def test_for_test_program_runs_in_eval_mode_and_restores_the_mode():
@@ -184,7 +185,7 @@ def test_for_test_program_runs_in_eval_mode_and_restores_the_mode():
     assert module.training and net[1].training
     with torch.no_grad():
         expect = module.eval()(x)["out"].numpy()
-    np.testing.assert_allclose(out, expect, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(out, expect, rtol=0, atol=1e-6, equal_nan=False)
 
 
 def test_cpu_num_defaults_to_one_and_bad_values_are_errors(monkeypatch):

@@ -64,7 +64,7 @@ def test_train_batch_matches_hand_step():
     opt.step()
     model, net = _model()
     (out,) = model.train_batch([data], [label])
-    np.testing.assert_allclose(out.flatten(), loss.detach().numpy().flatten(), rtol=1e-6)
+    np.testing.assert_allclose(out.flatten(), loss.detach().numpy().flatten(), rtol=1e-6, equal_nan=False)
     for a, b in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b)
     losses, metrics = _model(metrics=Accuracy())[0].train_batch([data], [label])
@@ -81,9 +81,9 @@ def test_train_batch_accumulates_gradients_like_paddle():
         losses.append(loss)
         grads.append([p.grad.clone().numpy() for p in net.parameters()])
     for g1, g2, g3 in zip(*grads):
-        np.testing.assert_allclose(g1 * 2, g2, rtol=1e-5)
-        np.testing.assert_array_equal(g3, np.zeros_like(g3))  # cleared to zeros, as Paddle
-    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+        np.testing.assert_allclose(g1 * 2, g2, rtol=1e-5, equal_nan=False)
+        np.testing.assert_allclose(g3, np.zeros_like(g3), rtol=0, atol=0, equal_nan=False)  # cleared, as Paddle
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6, equal_nan=False)
 
 
 def test_eval_and_predict_batch():
@@ -91,7 +91,7 @@ def test_eval_and_predict_batch():
     data, label = rng.random((4, 20)).astype(np.float32), rng.integers(0, 10, (4, 1))
     model, net = _model(metrics=Accuracy(topk=(1, 2)))
     (out,) = model.predict_batch([data])
-    np.testing.assert_allclose(out, net(torch.tensor(data)).detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out, net(torch.tensor(data)).detach().numpy(), rtol=1e-6, equal_nan=False)
     assert model.predict_batch(data)[0].shape == (4, 10)  # a bare array is one input
     losses, metrics = model.eval_batch([data], [label])
     assert len(losses) == 1 and isinstance(metrics[0], list) and len(metrics[0]) == 2
@@ -173,7 +173,7 @@ def test_evaluate_and_predict_layouts():
     assert part["acc"] == float((pred == ds.y[:16, 0]).mean())
     out = model.predict(ds, batch_size=8, stack_outputs=True, verbose=0)
     assert isinstance(out, list) and len(out) == 1 and out[0].shape == (37, 10)
-    np.testing.assert_allclose(out[0], net(torch.tensor(ds.x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[0], net(torch.tensor(ds.x)).detach().numpy(), rtol=1e-5, atol=1e-6, equal_nan=False)
     out = model.predict(ds, batch_size=8, verbose=0)
     assert len(out) == 1 and [b.shape[0] for b in out[0]] == [8, 8, 8, 8, 5]
 
@@ -274,7 +274,7 @@ def test_model_on_two_ranks_equals_one_process():
     for res, out, w in run_ranks(_model_two_ranks, world_size=2, timeout=240):
         assert res["acc"] == ref_res["acc"] and res["loss"][0] == pytest.approx(ref_res["loss"][0], rel=1e-5)
         assert out.shape == (37, 10)  # every sample once, in dataset order
-        np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-5, equal_nan=False)
         for k in ref_w:
             torch.testing.assert_close(w[k], ref_w[k], rtol=1e-5, atol=1e-6)
 

@@ -33,7 +33,8 @@ def test_save_for_inference_then_load(tmp_path):
     for a, b in zip(net.state_dict().values(), net2.state_dict().values()):
         assert torch.equal(a, b)
     x = np.random.default_rng(0).random((3, 20)).astype(np.float32)
-    np.testing.assert_array_equal(model.predict_batch([x])[0], model2.predict_batch([x])[0])
+    np.testing.assert_allclose(model.predict_batch([x])[0], model2.predict_batch([x])[0], rtol=0, atol=0,
+                               equal_nan=False)
 
 
 def _adam_pdopt(tmp_path):

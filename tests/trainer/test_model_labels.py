@@ -40,6 +40,8 @@ def test_n_by_1_integer_labels_equal_flat_labels(loss):
     for a, b in zip(w_col, w_flat):
         assert torch.equal(a, b)
     assert r_col == r_flat and 0.0 < r_col["acc"] <= 1.0
+    # assert_equal counts NaN == NaN as equal: the batch results must be finite as well
+    assert np.isfinite(np.concatenate([np.ravel(v) for part in b_col for v in part])).all(), b_col
     np.testing.assert_equal(b_col, b_flat)
 
 

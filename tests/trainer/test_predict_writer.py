@@ -36,7 +36,7 @@ def test_one_rank_equals_in_memory(tmp_path):
     (path,) = t.predict(dataset(N, seed=4), batch_size=5, output_dir=tmp_path / "p")
     assert path == tmp_path / "p" / "predictions.npy"
     want = t.predict(dataset(N, seed=4), batch_size=5, stack_outputs=True)
-    np.testing.assert_allclose(np.load(path), want.numpy(), rtol=0, atol=0)
+    np.testing.assert_allclose(np.load(path), want.numpy(), rtol=0, atol=0, equal_nan=False)
     assert [p.name for p in (tmp_path / "p").iterdir()] == ["predictions.npy"]  # shards removed
 
 
@@ -45,9 +45,9 @@ def test_several_outputs(tmp_path):
     paths = t.predict(dataset(11), batch_size=4, output_dir=tmp_path)
     assert [p.name for p in paths] == ["predictions_0.npy", "predictions_1.npy"]
     a, b = t.predict(dataset(11), batch_size=4, stack_outputs=True)
-    np.testing.assert_array_equal(np.load(paths[0]), a.numpy())
+    np.testing.assert_allclose(np.load(paths[0]), a.numpy(), rtol=0, atol=0, equal_nan=False)
     assert np.load(paths[1]).dtype == np.float64
-    np.testing.assert_array_equal(np.load(paths[1]), b.numpy())
+    np.testing.assert_allclose(np.load(paths[1]), b.numpy(), rtol=0, atol=0, equal_nan=False)
 
 
 def test_variable_shapes_kept_per_batch(tmp_path):
@@ -67,4 +67,4 @@ def test_two_ranks_merge_in_dataset_order(tmp_path):
     want = trainer().predict(dataset(N, seed=4), batch_size=5, stack_outputs=True)
     got = np.load(results[0][0])
     assert got.shape == (N, 3)  # padding repeats dropped: each sample once
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6, equal_nan=False)

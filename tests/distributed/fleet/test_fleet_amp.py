@@ -59,7 +59,11 @@ def _inf_skip(rank, world, use_dp, decr_every, k_steps):
                 loss = loss * float("inf")
             opt.minimize(loss)
             opt.clear_grad()
-        record.append((opt.stepped, max_diff(before, params_of(model)) > 0, opt.amp.scaler.get_scale()))
+        after = params_of(model)
+        # a skipped inf step must leave finite weights; exact comparison, so a NaN cannot read as "unchanged"
+        assert all(torch.isfinite(v).all() for v in after.values()), f"rank {rank} step {step}: non-finite weights"
+        changed = any(not torch.equal(before[k], v) for k, v in after.items())
+        record.append((opt.stepped, changed, opt.amp.scaler.get_scale()))
     return record
 
 

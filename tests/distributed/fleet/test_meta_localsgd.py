@@ -120,6 +120,9 @@ def _check(out, ref_flats, averaged, begin):
     for step in range(1, STEPS + 1):
         a, b = flats0[step - 1], flats1[step - 1]
         ref_a, ref_b = ref_flats[step - 1]
+        # finite first, so a NaN fails here by name (assert_close, torch.equal and the drift bound below all
+        # fail on NaN too, but only as a mismatch)
+        assert torch.isfinite(a).all() and torch.isfinite(b).all(), f"step {step}: non-finite weights"
         torch.testing.assert_close(a, ref_a, rtol=0, atol=2e-6)
         torch.testing.assert_close(b, ref_b, rtol=0, atol=2e-6)
         if step <= begin or step in averaged:

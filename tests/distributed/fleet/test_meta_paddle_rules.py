@@ -80,6 +80,8 @@ def _dgc_first_step(rank, world, sizes):
         x = torch.randn(8, n, generator=torch.Generator().manual_seed(rank))
         model(x).pow(2).mean().backward()
         opt.step()
+        # NaN != anything: a weight turned NaN would count as changed, so it must be finite first
+        assert torch.isfinite(net.weight).all(), f"rank {rank}: non-finite weight after the DGC step"
         changed.append(int((net.weight.detach() != before).sum()))
     return changed
 

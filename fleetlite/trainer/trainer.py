@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed.fleet.meta_parallel.hybrid_state import is_hybrid_module
 from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
@@ -430,12 +431,22 @@ class Trainer:
 
     # -- weights, save/load, summary ----------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the model's full state_dict (collective under sharding stage 2/3: gathered on every rank)."""
+        """A copy of the model's full state_dict (collective under sharding stage 2/3 and for a tensor- or
+        pipeline-parallel model: gathered on every rank, also before ``fit``)."""
+        self._setup_if_hybrid()
         return self.checkpoint_connector.full_weights()
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards)."""
+        """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards, a tensor-
+        or pipeline-parallel model its slices and stages)."""
+        self._setup_if_hybrid()
         self.checkpoint_connector.load_model_state(strip_compile_prefix(weights))
+
+    def _setup_if_hybrid(self) -> None:
+        """Wrap a model whose ranks hold different parts of it now: only the wrapped model gathers its slices
+        and stages into full weights (before, its state_dict is this rank's part)."""
+        if self.parallel_network is None and is_hybrid_module(self._given_model):
+            self.setup()
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.

@@ -33,6 +33,7 @@ from .connector import Connector, unwrap_compiled
 from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to_device
 from .fit_loop import FitLoop, FitState
 from .fit_setup import FitSetup, as_metrics, resolve_clipping
+from .hapi_io import PaddleFiles, paddle_prefix
 from .hybrid import PipelineSteps, is_pipeline
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
@@ -478,9 +479,16 @@ class Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from any checkpoint ``fit`` writes (a
         file, a sharded checkpoint directory, the ``latest`` pointer, a run's checkpoint directory) or a weights file.
 
+        Paddle's files load too: ``{path}.pdparams`` (and ``.pdopt``) by its prefix, and a Paddle ``fit(save_dir=...)``
+        directory (its ``final``, else its last epoch).
+
         ``skip_mismatch`` skips (with a warning) entries whose name or shape does not match the model instead of
         failing. Training progress is not restored: use ``fit(resume=path)`` for that.
         """
+        prefix = paddle_prefix(path)
+        if prefix is not None:
+            PaddleFiles(self).load(prefix, skip_mismatch, reset_optimizer, other=self.checkpoint_connector.load)
+            return self
         self.checkpoint_connector.load(path, skip_mismatch, reset_optimizer)
         return self
 

@@ -35,6 +35,7 @@ from .fit_loop import FitLoop, FitState
 from .fit_setup import FitSetup, as_metrics, resolve_clipping
 from .hapi_io import PaddleFiles, paddle_prefix
 from .hybrid import PipelineSteps, is_pipeline
+from .labels import class_index_labels
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
@@ -210,12 +211,14 @@ class Trainer:
         return (batch,), ()
 
     def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
-        """``loss(outputs, *labels)`` (``loss(*outputs, *labels)`` when the model returns a tuple)."""
+        """``loss(outputs, *labels)`` (``loss(*outputs, *labels)`` when the model returns a tuple); ``[N, 1]`` integer
+        labels reach torch's ``CrossEntropyLoss``/``NLLLoss`` as ``[N]`` class indices, as Keras' sparse
+        categorical cross-entropy takes them (:func:`~fleetlite.trainer.labels.class_index_labels`)."""
         if self.loss_fn is None:
             raise ValueError("no loss function: pass loss=... to the Trainer or compile()")
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if labels:
-            return self.loss_fn(*outs, *labels)
+            return self.loss_fn(*outs, *class_index_labels(self.loss_fn, outs, labels))
         try:  # inputs only: fine for a loss of the outputs alone, else say what is missing
             return self.loss_fn(*outs)
         except TypeError as e:

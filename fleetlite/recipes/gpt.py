@@ -295,8 +295,14 @@ class GPTRecipe:
                 losses.append(self._global_mean(self.model(x, y)))
         final = sum(losses) / len(losses)
         if self.is_main:
-            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps - self.start_step} steps)",
-                  flush=True)
+            # the composed config, resolved, beside the checkpoints: what rebuilds the model for their weights
+            # (fleetlite.checkpoint.load_full) without Hydra; .hydra/ holds Hydra's own copy
+            from hydra.core.hydra_config import HydraConfig
+
+            run_dir = Path(HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else self.cfg.run_dir)
+            OmegaConf.save(self.cfg, run_dir / "config.yaml", resolve=True)
+            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps - self.start_step} steps)\n"
+                  f"run directory: {run_dir} (config.yaml: this run's composed config)", flush=True)
         return final
 
 

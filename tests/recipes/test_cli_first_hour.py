@@ -116,3 +116,17 @@ def test_cifar10_global_batch_size_0_says_at_least_1(tmp_path):
     error = check_command_line(CONF_DIR, "cifar10", ["data=synthetic", "trainer.global_batch_size=0",
                                                      f"run_dir={tmp_path}"], world_size=1)
     assert error is not None and "must be at least 1" in error and "multiple of" not in error, error
+
+
+@pytest.mark.timeout(300)
+def test_gpt_run_directory_holds_its_composed_config(tmp_path):
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    res = cli(["run", "gpt", "train.steps=2", "model.width=32", "model.heads=2", "data.num_chars=4000",
+               "train.eval_batches=1", f"run_dir={run}"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"run directory: {run}" in res.stdout
+    cfg = OmegaConf.load(run / "config.yaml")  # the command line's values, resolved (no ${...} left)
+    assert (cfg.train.steps, cfg.model.width, cfg.model.heads, cfg.run_dir) == (2, 32, 2, str(run))
+    assert "${" not in (run / "config.yaml").read_text()

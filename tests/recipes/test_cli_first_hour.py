@@ -130,3 +130,28 @@ def test_gpt_run_directory_holds_its_composed_config(tmp_path):
     cfg = OmegaConf.load(run / "config.yaml")  # the command line's values, resolved (no ${...} left)
     assert (cfg.train.steps, cfg.model.width, cfg.model.heads, cfg.run_dir) == (2, 32, 2, str(run))
     assert "${" not in (run / "config.yaml").read_text()
+
+
+def test_offline_cifar10_is_one_short_line_naming_data_synthetic(tmp_path, monkeypatch):
+    import urllib.error
+
+    import torch
+    import torchvision.datasets.utils as tv_utils
+    from hydra import compose, initialize_config_dir
+
+    from fleetlite.recipe.build import build_data
+    from fleetlite.recipe.schema import register_configs
+    from fleetlite.recipe.validate import ConfigError
+
+    def offline(*args, **kwargs):  # what torchvision's download raises without network
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", offline)
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("cifar10", ["data=cifar10", f"data.root={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        build_data(cfg.data, cfg.trainer, torch.device("cpu"))
+    message = str(e.value)
+    assert "\n" not in message and len(message) <= 300, (len(message), message)
+    assert "URLError" in message and message.endswith("run offline with data=synthetic")

@@ -1,4 +1,4 @@
-"""Every python block of the docs site runs (issue 13 item 14, issue 22): the docs cannot drift from the code.
+"""Every python block of the docs site runs: the docs cannot drift from the code.
 
 Each page (``docs/**/*.md``; the README in ``tests/test_readme.py``) is one test: its blocks run in page
 order in one namespace (later blocks use names earlier ones made, as a reader would), in a temporary

@@ -1,4 +1,4 @@
-"""Every python block of the README runs (issue 13 item 14): the README cannot drift from the code again.
+"""Every python block of the README runs: the README cannot drift from the code again.
 
 The README's blocks run in order in one namespace, in a temporary directory, on tiny data, exactly as the
 docs site's pages do (``tests/test_docs.py`` holds the runner, the context and the skip marker).

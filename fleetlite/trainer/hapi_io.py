@@ -9,7 +9,7 @@ them), so it imports neither the Trainer nor the callbacks: it works on the Trai
 Under sharding the weights and the optimizer state are spread over the ranks: gathering them
 (``trainer.get_weights()``, the fleet optimizer's ``state_dict()``) is a collective every rank must join, in
 the same order. So :meth:`PaddleFiles.save` runs on every rank (``fit``'s callbacks and ``Model.save`` call it on
-every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang (issue 23, item 3).
+every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang.
 
 # Note [safe loads]
 Every file is read with ``torch.load(..., weights_only=True)``: a crafted ``.pdparams``/``.pdopt`` cannot run

@@ -319,7 +319,7 @@ EXTRAS = frozenset({"fp16_allreduce_configs", "sharding_configs.offload", "shard
 
 class Refusal(NamedTuple):
     what: str   # what the field asks for, and what to do instead
-    later: bool  # True: planned (issue 24, another helper builds it), so the refusal is temporary
+    later: bool  # True: planned, so the refusal is temporary
 
 
 # Fields and keys fleetlite cannot honour (yet). ``check_supported`` raises NotImplementedError naming one when its

@@ -5,8 +5,10 @@ order in one namespace (later blocks use names earlier ones made, as a reader wo
 directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. Names the prose leaves to
 the reader (``net``, ``x``, ``train_set``...) are defined by ``_context``. A block preceded by
 ``<!-- readme-test: skip (reason) -->`` is not run: the reason must say what it needs that a test machine
-lacks (a launcher, the real CIFAR-10 files, a GPU). Shell blocks are not run here; what they start
-(``fleetlite launch``, the recipes) has its own tests.
+lacks (the real CIFAR-10 files, a GPU). A block for several processes is a whole program preceded by
+``<!-- docs-test: launch N -->``: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch
+--nproc_per_node N``. Shell blocks are not run here; what they start (``fleetlite launch``, the recipes) has its
+own tests.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((.+?)\)\s*-->")
+#: a whole program for several processes: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch``
+_LAUNCH = re.compile(r"<!--\s*docs-test:\s*launch\s+(\d+)\s*-->")
 
 
 def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
@@ -36,10 +40,18 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
                 body.append(lines[i])
                 i += 1
             before = lines[start - 2] if start >= 2 else ""
-            m = _SKIP.search(before)
-            blocks.append((start, "\n".join(body), m.group(1) if m else None))
+            m, launch = _SKIP.search(before), _LAUNCH.search(before)
+            reason = m.group(1) if m else (f"launched on {launch.group(1)} processes" if launch else None)
+            blocks.append((start, "\n".join(body), reason))
         i += 1
     return blocks
+
+
+def launched_blocks(text: str) -> list[tuple[int, str, int]]:
+    """(line, code, processes) of every block marked ``<!-- docs-test: launch N -->``: a whole program."""
+    lines = text.splitlines()
+    return [(line, code, int(_LAUNCH.search(lines[line - 2]).group(1))) for line, code, _ in python_blocks(text)
+            if line >= 2 and _LAUNCH.search(lines[line - 2])]
 
 
 def doc_pages() -> list[Path]:

@@ -7,8 +7,8 @@ the reader (``net``, ``x``, ``train_set``...) are defined by ``_context``. A blo
 ``<!-- readme-test: skip (reason) -->`` is not run: the reason must say what it needs that a test machine
 lacks (the real CIFAR-10 files, a GPU). A block for several processes is a whole program preceded by
 ``<!-- docs-test: launch N -->``: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch
---nproc_per_node N``. Shell blocks are not run here; what they start (``fleetlite launch``, the recipes) has its
-own tests.
+--nproc_per_node N`` (``also launch N``: here too). Shell blocks are not run here; what they start
+(``fleetlite launch``, the recipes) has its own tests.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((.+?)\)\s*-->")
 #: a whole program for several processes: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch``
-_LAUNCH = re.compile(r"<!--\s*docs-test:\s*launch\s+(\d+)\s*-->")
+#: (``also launch N``: it runs here as well, with the page's other blocks)
+_LAUNCH = re.compile(r"<!--\s*docs-test:\s*(also\s+)?launch\s+(\d+)\s*-->")
 
 
 def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
@@ -41,7 +42,8 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
                 i += 1
             before = lines[start - 2] if start >= 2 else ""
             m, launch = _SKIP.search(before), _LAUNCH.search(before)
-            reason = m.group(1) if m else (f"launched on {launch.group(1)} processes" if launch else None)
+            reason = m.group(1) if m else (f"launched on {launch.group(2)} processes"
+                                           if launch and not launch.group(1) else None)
             blocks.append((start, "\n".join(body), reason))
         i += 1
     return blocks
@@ -50,7 +52,7 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
 def launched_blocks(text: str) -> list[tuple[int, str, int]]:
     """(line, code, processes) of every block marked ``<!-- docs-test: launch N -->``: a whole program."""
     lines = text.splitlines()
-    return [(line, code, int(_LAUNCH.search(lines[line - 2]).group(1))) for line, code, _ in python_blocks(text)
+    return [(line, code, int(_LAUNCH.search(lines[line - 2]).group(2))) for line, code, _ in python_blocks(text)
             if line >= 2 and _LAUNCH.search(lines[line - 2])]
 
 
@@ -182,3 +184,19 @@ _PAGES_WITH_CODE = [p for p in doc_pages() if any(r is None for _, _, r in pytho
 def test_page_python_blocks_run(page, tmp_path, monkeypatch, clean_dist_env):
     _, ran = run_page(page, tmp_path, monkeypatch)
     assert ran == sum(r is None for _, _, r in python_blocks(page.read_text()))
+
+
+def test_getting_started_program_gives_every_process_the_same_data():
+    """The first program runs in every process under a launcher: run twice, it must build the same data and train
+    to the same result (unseeded random tensors gave each rank different samples)."""
+    import contextlib
+    import io
+
+    (_, code, _), *_ = python_blocks((DOCS / "getting-started.md").read_text())
+    outputs = []
+    for _ in range(2):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "getting-started.md", "exec"), {})  # noqa: S102 - the docs' own code
+        outputs.append(out.getvalue())
+    assert outputs[0] == outputs[1] and "acc" in outputs[0], outputs

@@ -2,8 +2,8 @@
 
 Each page (``docs/**/*.md``; the README in ``tests/test_readme.py``) is one test: its blocks run in page
 order in one namespace (later blocks use names earlier ones made, as a reader would), in a temporary
-directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. Names the prose leaves to
-the reader (``net``, ``x``, ``train_set``...) are defined by ``_context``. A block preceded by
+directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. A page's blocks define every
+name they use (a reader copies them as they are; ``_UNDEFINED`` lists the exceptions left). A block preceded by
 ``<!-- readme-test: skip (reason) -->`` is not run: the reason must say what it needs that a test machine
 lacks (the real CIFAR-10 files, a GPU). A block for several processes is a whole program preceded by
 ``<!-- docs-test: launch N -->``: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -61,32 +60,17 @@ def doc_pages() -> list[Path]:
     return sorted(DOCS.rglob("*.md"))
 
 
-class _Feed(nn.Module):
-    """A ParallelExecutor module: ``module(**feed)`` returns named tensors."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(3 * 32 * 32, 10)
-
-    def forward(self, x, y):
-        return {"loss": nn.functional.cross_entropy(self.fc(x.flatten(1)), y)}
+#: Names a page uses without defining them, supplied while the page is made whole. Every other page runs with
+#: nothing but its own lines, as a reader copying it would (``test_pages_are_self_contained``).
+_UNDEFINED = {"strategies.md": ("net",)}  # its sharding example wraps a `net` it does not build
 
 
-def _context() -> dict:
-    from torchvision.transforms import ToTensor
-
-    from fleetlite.vision.datasets import SyntheticCifar10
+def _context(page: str) -> dict:
     from fleetlite.vision.models import TutorialCNN
 
     torch.manual_seed(0)
-    module = _Feed()
-    return {
-        "net": TutorialCNN(num_classes=10),
-        "x": torch.randn(4, 3, 32, 32), "x2": torch.randn(4, 3, 32, 32), "y": torch.randint(0, 10, (4,)),
-        "train_set": SyntheticCifar10(mode="train", transform=ToTensor(), size=64),
-        "test_set": SyntheticCifar10(mode="test", transform=ToTensor(), size=32),
-        "strategy": None, "module": module, "optimizer": torch.optim.SGD(module.parameters(), lr=0.1),
-    }
+    given = {"net": lambda: TutorialCNN(num_classes=10)}
+    return {name: given[name]() for name in _UNDEFINED.get(page, ())}
 
 
 # user-facing notices a reader running a page's blocks in one process sees (as these tests do), per page
@@ -112,7 +96,7 @@ def run_page(path: Path, tmp_path: Path, monkeypatch) -> tuple[dict, int]:
     monkeypatch.setattr(synthetic, "_DEFAULT_SIZE", {"train": 64, "test": 32})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     expected = _EXPECTED_NOTICES.get(path.name, ())
-    namespace = _context()
+    namespace = _context(path.name)
     ran = 0
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -212,3 +196,9 @@ def test_reference_covers_the_public_faces():
                   "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
                   "PipelineLayer", "LayerDesc", "PipelineParallel"))}
     assert not wanted - shown, f"no API section for {sorted(wanted - shown)}"
+
+
+def test_pages_are_self_contained():
+    """Only the pages listed in ``_UNDEFINED`` may use a name their blocks do not define (and only those names)."""
+    assert set(_UNDEFINED) <= {p.name for p in doc_pages()}
+    assert all(len(names) <= 1 for names in _UNDEFINED.values())  # shrink it, never grow it

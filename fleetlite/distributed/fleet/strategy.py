@@ -346,7 +346,7 @@ class DistributedStrategy:
             section, _, key = path.partition(".")
             name = f"strategy.{section}" + (f"[{key!r}]" if key else "")
             default = FLAGS[section][0] if not key else CONFIGS[section][key][0]
-            when = " (planned, not yet)" if refusal.later else ""
+            when = " (yet)" if refusal.later else ""
             raise NotImplementedError(
                 f"{name} = {value!r} ({refusal.what}) is not implemented by fleetlite{when}; set {name} = "
                 f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "

@@ -31,6 +31,10 @@ _LAZY = {
     "hapi": ("fleetlite.hapi", None),
 }
 
+# subpackages reachable as attributes after a bare ``import fleetlite`` (``fleetlite.trainer.Trainer``), as
+# ``import torch; torch.distributed`` works; each is imported on first use
+_SUBPACKAGES = ("checkpoint", "parallel", "recipe", "text", "trainer", "utils", "testing")
+
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
@@ -41,8 +45,10 @@ def __getattr__(name: str):
         value = mod if attr is None else getattr(mod, attr)
         globals()[name] = value
         return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"fleetlite.{name}")  # the import sets it as this module's attribute
     raise AttributeError(f"module 'fleetlite' has no attribute {name!r}")
 
 
 def __dir__():
-    return __all__
+    return sorted({*__all__, *_SUBPACKAGES})

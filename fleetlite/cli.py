@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .recipe.catalog import CatalogError, config_names, copy_out, find_recipe, recipe_names
+from .recipe.catalog import CatalogError, config_groups, config_names, copy_out, find_recipe, recipe_names
 
 USAGE = """usage: fleetlite <command> [args]
 
@@ -45,16 +45,30 @@ def _split_config(args: list[str]) -> list[str]:
     return out
 
 
+def run_usage() -> str:
+    """``fleetlite run --help``: the command's shape and the shipped recipes."""
+    return ("usage: fleetlite run [torchrun options] RECIPE [overrides]\n\n"
+            f"recipes: {', '.join(recipe_names())} (or the path of a recipe .py file, e.g. one fleetlite cp wrote)\n"
+            "  fleetlite run RECIPE --help          the recipe's config groups and options\n"
+            "  fleetlite run cifar10 data=synthetic trainer.epochs=1\n"
+            "  fleetlite run --nproc_per_node 2 gpt hybrid=mp2\n"
+            "fleetlite ls lists every recipe with its configs.")
+
+
 def run(argv: list[str]) -> int:
     """``fleetlite run [torchrun options] RECIPE [overrides]``: in this process, or through ``fleetlite launch``."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(run_usage())
+        return 0
     # local: fleetlite.distributed imports torch (seconds), which fleetlite ls/cp/--help do not need
     from .distributed.launch import _launcher_options  # torchrun's own option table: which options take a value
     from .distributed.launch import main as launch_main
 
     launcher, rest = _launcher_options(argv)
     if not rest or rest[0] == "--":
-        raise SystemExit("fleetlite run: name a recipe, e.g. fleetlite run cifar10 data=synthetic "
-                         "(fleetlite ls lists them)")
+        print(f"fleetlite run: name a recipe ({', '.join(recipe_names())}), e.g. fleetlite run cifar10 "
+              "data=synthetic (fleetlite run --help)", file=sys.stderr)
+        return 2
     try:
         path = str(find_recipe(rest[0]))
     except CatalogError as e:
@@ -110,17 +124,18 @@ def ls() -> int:
     for name in recipe_names():
         configs = config_names(name)
         print(f"{name:<12} {configs[0] if configs else '-'}")
-        groups: dict[str, list[str]] = {}
-        for c in configs[1:]:
-            group, _, option = c.rpartition("/")
-            groups.setdefault(group, []).append(option.removesuffix(".yaml"))
-        for group, options in groups.items():
+        for group, options in config_groups(name).items():
             print(f"{'':<12}   {group}/: {', '.join(options)}")
     return 0
 
 
 def cp(argv: list[str]) -> int:
     """``fleetlite cp [--force] NAME DEST``."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: fleetlite cp [--force] NAME DEST\n\ncopy a recipe (e.g. fleetlite cp cifar10 ./my_recipe.py, "
+              "then fleetlite run ./my_recipe.py) or a config (fleetlite cp cifar10.yaml ./my.yaml, then fleetlite "
+              "run cifar10 --config ./my.yaml) out to edit; fleetlite ls lists the names")
+        return 0
     force = "--force" in argv or "-f" in argv
     args = [a for a in argv if a not in ("--force", "-f")]
     if len(args) != 2:
@@ -130,7 +145,8 @@ def cp(argv: list[str]) -> int:
         out = copy_out(args[0], args[1], force=force)
     except CatalogError as e:
         raise SystemExit(f"fleetlite cp: {e}") from None
-    print(f"copied {args[0]} to {out}")
+    how = f"fleetlite run {out}" if out.suffix == ".py" else f"fleetlite run RECIPE --config {out}"
+    print(f"copied {args[0]} to {out} (run it with {how})")
     return 0
 
 

@@ -1,11 +1,13 @@
-"""Every python block of the docs site runs (issue 13 item 14, issue 22): the docs cannot drift from the code.
+"""Every python block of the docs site runs: the docs cannot drift from the code.
 
 Each page (``docs/**/*.md``; the README in ``tests/test_readme.py``) is one test: its blocks run in page
 order in one namespace (later blocks use names earlier ones made, as a reader would), in a temporary
-directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. Names the prose leaves to
-the reader (``net``, ``x``, ``train_set``...) are defined by ``_context``. A block preceded by
+directory, on tiny data: the synthetic CIFAR-10 sets are cut to a few samples. A page's blocks define every
+name they use (a reader copies them as they are; ``_UNDEFINED`` lists the exceptions left). A block preceded by
 ``<!-- readme-test: skip (reason) -->`` is not run: the reason must say what it needs that a test machine
-lacks (a launcher, the real CIFAR-10 files, a GPU). Shell blocks are not run here; what they start
+lacks (the real CIFAR-10 files, a GPU). A block for several processes is a whole program preceded by
+``<!-- docs-test: launch N -->``: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch
+--nproc_per_node N`` (``also launch N``: here too). Shell blocks are not run here; what they start
 (``fleetlite launch``, the recipes) has its own tests.
 """
 
@@ -17,12 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((.+?)\)\s*-->")
+#: a whole program for several processes: ``tests/test_docs_launched.py`` runs it under ``fleetlite launch``
+#: (``also launch N``: it runs here as well, with the page's other blocks)
+_LAUNCH = re.compile(r"<!--\s*docs-test:\s*(also\s+)?launch\s+(\d+)\s*-->")
 
 
 def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
@@ -36,10 +40,19 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
                 body.append(lines[i])
                 i += 1
             before = lines[start - 2] if start >= 2 else ""
-            m = _SKIP.search(before)
-            blocks.append((start, "\n".join(body), m.group(1) if m else None))
+            m, launch = _SKIP.search(before), _LAUNCH.search(before)
+            reason = m.group(1) if m else (f"launched on {launch.group(2)} processes"
+                                           if launch and not launch.group(1) else None)
+            blocks.append((start, "\n".join(body), reason))
         i += 1
     return blocks
+
+
+def launched_blocks(text: str) -> list[tuple[int, str, int]]:
+    """(line, code, processes) of every block marked ``<!-- docs-test: launch N -->``: a whole program."""
+    lines = text.splitlines()
+    return [(line, code, int(_LAUNCH.search(lines[line - 2]).group(2))) for line, code, _ in python_blocks(text)
+            if line >= 2 and _LAUNCH.search(lines[line - 2])]
 
 
 def doc_pages() -> list[Path]:
@@ -47,32 +60,17 @@ def doc_pages() -> list[Path]:
     return sorted(DOCS.rglob("*.md"))
 
 
-class _Feed(nn.Module):
-    """A ParallelExecutor module: ``module(**feed)`` returns named tensors."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(3 * 32 * 32, 10)
-
-    def forward(self, x, y):
-        return {"loss": nn.functional.cross_entropy(self.fc(x.flatten(1)), y)}
+#: Names a page uses without defining them, supplied while the page is made whole. Every other page runs with
+#: nothing but its own lines, as a reader copying it would (``test_pages_are_self_contained``).
+_UNDEFINED = {"strategies.md": ("net",)}  # its sharding example wraps a `net` it does not build
 
 
-def _context() -> dict:
-    from torchvision.transforms import ToTensor
-
-    from fleetlite.vision.datasets import SyntheticCifar10
+def _context(page: str) -> dict:
     from fleetlite.vision.models import TutorialCNN
 
     torch.manual_seed(0)
-    module = _Feed()
-    return {
-        "net": TutorialCNN(num_classes=10),
-        "x": torch.randn(4, 3, 32, 32), "x2": torch.randn(4, 3, 32, 32), "y": torch.randint(0, 10, (4,)),
-        "train_set": SyntheticCifar10(mode="train", transform=ToTensor(), size=64),
-        "test_set": SyntheticCifar10(mode="test", transform=ToTensor(), size=32),
-        "strategy": None, "module": module, "optimizer": torch.optim.SGD(module.parameters(), lr=0.1),
-    }
+    given = {"net": lambda: TutorialCNN(num_classes=10)}
+    return {name: given[name]() for name in _UNDEFINED.get(page, ())}
 
 
 # user-facing notices a reader running a page's blocks in one process sees (as these tests do), per page
@@ -98,7 +96,7 @@ def run_page(path: Path, tmp_path: Path, monkeypatch) -> tuple[dict, int]:
     monkeypatch.setattr(synthetic, "_DEFAULT_SIZE", {"train": 64, "test": 32})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     expected = _EXPECTED_NOTICES.get(path.name, ())
-    namespace = _context()
+    namespace = _context(path.name)
     ran = 0
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -170,3 +168,37 @@ _PAGES_WITH_CODE = [p for p in doc_pages() if any(r is None for _, _, r in pytho
 def test_page_python_blocks_run(page, tmp_path, monkeypatch, clean_dist_env):
     _, ran = run_page(page, tmp_path, monkeypatch)
     assert ran == sum(r is None for _, _, r in python_blocks(page.read_text()))
+
+
+def test_getting_started_program_gives_every_process_the_same_data():
+    """The first program runs in every process under a launcher: run twice, it must build the same data and train
+    to the same result (unseeded random tensors gave each rank different samples)."""
+    import contextlib
+    import io
+
+    (_, code, _), *_ = python_blocks((DOCS / "getting-started.md").read_text())
+    outputs = []
+    for _ in range(2):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "getting-started.md", "exec"), {})  # noqa: S102 - the docs' own code
+        outputs.append(out.getvalue())
+    assert outputs[0] == outputs[1] and "acc" in outputs[0], outputs
+
+
+def test_reference_covers_the_public_faces():
+    """The API pages a newcomer looks for: each name has a ``:::`` section (mkdocs --strict checks it resolves)."""
+    text = "\n".join(p.read_text() for p in (DOCS / "reference").glob("*.md"))
+    shown = set(re.findall(r"^::: (\S+)$", text, re.M)) | set(re.findall(r"^      heading: (\S+)$", text, re.M))
+    wanted = {"fleetlite.parallel.DistributedDataParallel", "fleetlite.distributed.spawn",
+              "fleetlite.distributed.sharding.group_sharded_parallel", "fleetlite.cli",
+              *(f"fleetlite.distributed.fleet.meta_parallel.{n}" for n in (
+                  "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
+                  "PipelineLayer", "LayerDesc", "PipelineParallel"))}
+    assert not wanted - shown, f"no API section for {sorted(wanted - shown)}"
+
+
+def test_pages_are_self_contained():
+    """Only the pages listed in ``_UNDEFINED`` may use a name their blocks do not define (and only those names)."""
+    assert set(_UNDEFINED) <= {p.name for p in doc_pages()}
+    assert all(len(names) <= 1 for names in _UNDEFINED.values())  # shrink it, never grow it

@@ -95,3 +95,23 @@ def test_run_a_shipped_recipe_and_a_copied_one_with_torchrun_options(installed):
     yaml.write_text(yaml.read_text().replace("\nseed: 0\n", "\nseed: 5\n"))
     _sh([exe, "run", "./mine.py", "--config", "./mine.yaml", *TINY, f"run_dir={work / 'b'}"], work, env)
     assert "\nseed: 5\n" in (work / "b" / ".hydra" / "config.yaml").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_help_after_a_wheel_install_shows_commands_that_work_there(installed):
+    bin_dir, env, work = installed
+    exe = str(bin_dir / "fleetlite")
+    out = _sh([exe, "run", "--help"], work, env).stdout  # exit 0, the recipes listed
+    assert "cifar10" in out and "gpt" in out
+    out = _sh([exe, "run", "cifar10", "--help"], work, env).stdout
+    assert "recipes/" not in out and "fleetlite run cifar10" in out  # no checkout path: there is no checkout
+
+
+@pytest.mark.timeout(120)
+def test_cp_to_a_name_without_py_then_run_by_that_name(installed):
+    bin_dir, env, work = installed
+    exe = str(bin_dir / "fleetlite")
+    _sh([exe, "cp", "cifar10", "myrecipe"], work, env)
+    assert (work / "myrecipe.py").is_file() and not (work / "myrecipe").exists()
+    out = _sh([exe, "run", "myrecipe", "--help"], work, env).stdout
+    assert "== Configuration groups ==" in out

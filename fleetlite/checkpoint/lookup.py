@@ -221,13 +221,31 @@ def on_every_rank(read_it: Callable[[], T]) -> T:
 
 def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key: str = "model"
               ) -> dict[str, Any]:
-    """The full (unsharded) weights of a checkpoint directory, or of the newest one in a run's directory,
-    offline (no process group), on the CPU; with ``model`` also loaded into it (``strict``: a checkpoint of
-    another model is a ``CheckpointError`` naming the missing and unexpected keys)."""
-    path = Path(path)
-    if path.is_dir() and not dcp.is_checkpoint_dir(path):
-        found = find_newest(path, kind="dir")
-        if found is None:
-            raise CheckpointError(path, "holds no valid sharded checkpoint")
-        path = found
-    return dcp.read_full(path, model=model, key=key)
+    """The full (unsharded) weights of any checkpoint ``fit`` writes, offline (no process group), on the CPU.
+
+    ``path``: a checkpoint directory (its shards gathered), a checkpoint file (``NAME`` also finds ``NAME.pt``), a
+    ``latest`` pointer (the checkpoint it names), or a run's checkpoint directory (its newest valid checkpoint of
+    either kind). With ``model`` the weights are also loaded into it (``strict``: a checkpoint of another model is
+    a ``CheckpointError`` naming the missing and unexpected keys).
+
+    Example::
+
+        weights = fleetlite.checkpoint.load_full("runs/a/checkpoints")          # the newest, file or directory
+        fleetlite.checkpoint.load_full("runs/a/checkpoints/latest.pt", model=net)
+    """
+    found = resolve(path, check=False)  # NAME -> NAME.pt, latest -> what it names, a run's directory -> newest
+    if found.is_dir():
+        return dcp.read_full(found, model=model, key=key)
+    state = load_checkpoint(found)
+    weights = state.get(key)
+    if not isinstance(weights, dict):
+        raise CheckpointError(found, f"holds no {key!r} entry (its entries: {sorted(state)[:10]}); pass key=... to "
+                                     "read another one")
+    if model is not None:
+        own = set(model.state_dict())
+        missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
+        if missing or unexpected:
+            raise CheckpointError(found, f"does not fit {type(model).__name__}: missing {missing[:10]}, unexpected "
+                                         f"{unexpected[:10]}")
+        model.load_state_dict(weights, strict=True)
+    return weights

@@ -96,15 +96,23 @@ def _load_split(cfg: DictConfig, mode: str, size: int | None, download: bool):
     try:
         ds = datasets.Cifar10(mode=mode, download=download, root=str(cfg.root))
     except Exception as e:  # noqa: BLE001 - network, missing or corrupt files: all end the same way
-        reason = " ".join(str(e).split()) or type(e).__name__
         how = "the download failed" if download else "data.download=false"
-        raise ConfigError(f"data=cifar10: no CIFAR-10 {mode} split under data.root={cfg.root} and {how} ({reason}); "
-                          "put cifar-10-python.tar.gz or its cifar-10-batches-py/ folder under data.root, "
-                          "or run offline with data=synthetic") from None
+        raise ConfigError(f"data=cifar10: no CIFAR-10 {mode} split under data.root={cfg.root} and {how} "
+                          f"({_short_reason(e)}); put cifar-10-python.tar.gz under data.root, or run offline with "
+                          "data=synthetic") from None
     images, labels = ds.as_tensors()
     if size is not None:
         images, labels = images[:size], labels[:size]
     return (images, labels), list(ds.classes)
+
+
+def _short_reason(e: BaseException, limit: int = 120) -> str:
+    """The root cause of a data-set failure in a few words: the network error under the data set's own advice
+    (which the recipe's one line replaces), its first clause, at most ``limit`` characters."""
+    cause = e.__context__ if e.__suppress_context__ and e.__context__ is not None else e
+    text = " ".join(str(cause).split()).split("; ")[0]
+    text = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_data(cfg: DictConfig, trainer_cfg: DictConfig, device: torch.device, world_size: int = 1,

@@ -21,8 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["RECIPES_DIR", "CONF_DIR", "recipe_names", "config_names", "find_recipe", "find_config", "copy_out",
-           "CatalogError"]
+__all__ = ["RECIPES_DIR", "CONF_DIR", "recipe_names", "config_names", "config_groups", "find_recipe", "find_config",
+           "copy_out", "CatalogError"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 #: The recipe scripts (``<name>.py``).
@@ -57,6 +57,16 @@ def config_names(recipe: str | None = None) -> list[str]:
                                                                    f.rpartition("/")[0] in used)]
 
 
+def config_groups(recipe: str) -> dict[str, list[str]]:
+    """The config groups recipe ``recipe`` takes, as picked on its command line (``group=option``), with their options:
+    ``{"hybrid": ["dp2_mp2", ...]}`` for ``gpt`` (its own ``conf/gpt/hybrid/``), the shared groups for ``cifar10``."""
+    groups: dict[str, list[str]] = {}
+    for c in config_names(recipe)[1:]:
+        group, _, option = c.removeprefix(f"{recipe}/").rpartition("/")
+        groups.setdefault(group, []).append(option.removesuffix(".yaml"))
+    return groups
+
+
 def _default_groups(primary: Path) -> set[str]:
     """The config groups a primary config's ``defaults`` list names (``- data: cifar10`` -> ``data``)."""
     import yaml  # PyYAML (omegaconf's dependency); only for fleetlite ls
@@ -67,10 +77,13 @@ def _default_groups(primary: Path) -> set[str]:
 
 
 def find_recipe(name: str) -> Path:
-    """The script of recipe ``name`` (or ``name`` itself when it is an existing ``.py`` file)."""
+    """The script of recipe ``name`` (or ``name`` itself when it is an existing ``.py`` file; or ``./name.py`` when
+    no shipped recipe has that name)."""
     if name.endswith(".py") and Path(name).is_file():
         return Path(name)
     path = RECIPES_DIR / f"{name.removesuffix('.py')}.py"
+    if not path.is_file() and Path(f"{name}.py").is_file():  # a copy fleetlite cp wrote here: ./name.py
+        return Path(f"{name}.py")
     if not path.is_file():
         raise CatalogError(f"no recipe named {name!r}; the recipes are: {', '.join(recipe_names())} "
                            "(fleetlite ls lists them with their configs), or give the path of a recipe .py file")
@@ -89,13 +102,17 @@ def find_config(name: str) -> Path:
 def copy_out(name: str, dest: str | os.PathLike, force: bool = False) -> Path:
     """Copy recipe ``name`` (``cifar10``) or config ``name`` (``cifar10.yaml``, ``optim/sgd.yaml``) to ``dest``.
 
-    ``dest`` may be a directory (the file keeps its name). An existing file is
+    ``dest`` may be a directory (the file keeps its name); a ``dest`` without the source's suffix gets it
+    (``myrecipe`` -> ``myrecipe.py``, which ``fleetlite run myrecipe`` finds). An existing file is
     not overwritten unless ``force``. Returns the written path.
     """
     src = find_config(name) if name.endswith((".yaml", ".yml")) else find_recipe(name)
     out = Path(dest)
     if out.is_dir():
         out = out / src.name
+    elif out.suffix not in ((".yaml", ".yml") if src.suffix == ".yaml" else (".py",)):
+        # a recipe is found by its .py (fleetlite run), a config by its .yaml (--config)
+        out = out.with_name(out.name + src.suffix)
     if out.exists() and not force:
         raise CatalogError(f"{out} already exists; pass --force to overwrite it, or choose another destination")
     if not out.parent.is_dir():

@@ -323,8 +323,20 @@ def _own_groups(config_dir: str | os.PathLike, config_name: str) -> list[str]:
     return [str(own)] if own.is_dir() else []
 
 
+def help_groups(recipe: str) -> str:
+    """The ``== Configuration groups ==`` lines of a recipe's ``--help``: only the groups it takes, as picked on its
+    command line (Hydra's ``$APP_CONFIG_GROUPS`` lists every folder of the config directory, another recipe's
+    groups and the schemas included). A primary config's ``hydra.help.template`` names it as
+    ``${fleetlite_groups:<recipe>}``."""
+    from .catalog import config_groups
+
+    return "\n".join(f"{g}: {', '.join(options)}" for g, options in sorted(config_groups(recipe).items()))
+
+
 def _register(config_name: str) -> None:
-    """The shared schemas, and the recipe's own primary schema as ``<config_name>_schema``."""
+    """The shared schemas, the recipe's own primary schema as ``<config_name>_schema``, the help's resolver."""
+    if not OmegaConf.has_resolver("fleetlite_groups"):
+        OmegaConf.register_new_resolver("fleetlite_groups", help_groups)
     register_configs()
     schema = _RECIPES.get(config_name, (None, None))[0]
     if schema is not None:

@@ -122,8 +122,10 @@ def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
     g = t.global_batch_size
     need(t.steps >= 1 and t.log_freq >= 1 and t.eval_batches >= 1, "train.steps, log_freq, eval_batches must be >= 1")
     need(t.save_steps >= 0, f"train.save_steps={t.save_steps} must be >= 0 (0: no checkpoints)")
-    need(g >= dp and g % dp == 0, f"train.global_batch_size={g} does not divide among dp_degree {dp} replicas; "
-                                  f"use a multiple of {dp}")
+    need(g >= 1, f"train.global_batch_size={g} must be at least 1 (the rows of one optimizer step over all "
+                 f"data-parallel replicas), e.g. train.global_batch_size={max(dp, 16 // dp * dp)}")
+    need(g % dp == 0, f"train.global_batch_size={g} does not divide among dp_degree {dp} replicas; use a multiple "
+                      f"of {dp}, e.g. {max(dp, g // dp * dp)} or {-(-g // dp) * dp}")
     if pp > 1:
         pc = cfg.strategy.pipeline_configs
         need(pc.accumulate_steps * pc.micro_batch_size == g // dp,
@@ -294,8 +296,14 @@ class GPTRecipe:
                 losses.append(self._global_mean(self.model(x, y)))
         final = sum(losses) / len(losses)
         if self.is_main:
-            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps - self.start_step} steps)",
-                  flush=True)
+            # the composed config, resolved, beside the checkpoints: what rebuilds the model for their weights
+            # (fleetlite.checkpoint.load_full) without Hydra; .hydra/ holds Hydra's own copy
+            from hydra.core.hydra_config import HydraConfig
+
+            run_dir = Path(HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else self.cfg.run_dir)
+            OmegaConf.save(self.cfg, run_dir / "config.yaml", resolve=True)
+            print(f"final eval loss: {final:.6f} ({self.seconds:.1f}s for {t.steps - self.start_step} steps)\n"
+                  f"run directory: {run_dir} (config.yaml: this run's composed config)", flush=True)
         return final
 
 

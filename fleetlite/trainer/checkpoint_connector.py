@@ -444,7 +444,7 @@ class CheckpointConnector:
             if s.get("optimizer") is not None and t.user_optimizer is not None:
                 t.setup()  # (the wrapped model says whether it is hybrid)
                 self._refuse_file_optimizer(path, "use reset_optimizer=True to load the weights only")
-        weights = strip_compile_prefix(weights)  # a torch.compile-d module's state_dict loads too
+        weights = self._own_names(strip_compile_prefix(weights), path)  # compile-d and DDP-wrapped state_dicts too
         own = self.model_state(rank0_only=False) if skip_mismatch else {}  # (collective when sharded)
         if skip_mismatch:
             bad = [k for k, v in weights.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
@@ -464,6 +464,23 @@ class CheckpointConnector:
             except (ValueError, KeyError, RuntimeError) as e:
                 raise CheckpointError(path, f"its optimizer state does not fit this optimizer ({e}); use "
                                             "reset_optimizer=True to load the weights only") from None
+
+    def _own_names(self, weights: dict[str, Any], path: Path) -> dict[str, Any]:
+        """``weights`` under this model's names: a state_dict of a torch ``DistributedDataParallel`` (or
+        ``DataParallel``) wrapper, every key ``module.``-prefixed, loses the prefix (torch's
+        ``consume_prefix_in_state_dict_if_present``). A state_dict sharing no name with the model is an error
+        saying so (``skip_mismatch`` would load nothing)."""
+        own = list(self._module().state_dict())
+        names = [k for k in weights if isinstance(k, str)]
+        if names and all(k.startswith("module.") for k in names) and not any(k.startswith("module.") for k in own):
+            weights = dict(weights)
+            torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
+        if weights and own and not set(weights) & set(own):
+            raise CheckpointError(path, f"shares no entry name with this model (it holds {sorted(weights)[:3]}..., "
+                                        f"the model {own[:3]}...): it was saved from another model or under a "
+                                        "wrapper's prefix; rename its keys to the model's and pass them to "
+                                        "set_weights")
+        return weights
 
     def _refuse_file_optimizer(self, path: Path, hint: str) -> None:
         """A checkpoint file's optimizer state is one process's, over whole tensors: it does not fit the slices or the

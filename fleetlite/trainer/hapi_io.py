@@ -9,7 +9,7 @@ them), so it imports neither the Trainer nor the callbacks: it works on the Trai
 Under sharding the weights and the optimizer state are spread over the ranks: gathering them
 (``trainer.get_weights()``, the fleet optimizer's ``state_dict()``) is a collective every rank must join, in
 the same order. So :meth:`PaddleFiles.save` runs on every rank (``fit``'s callbacks and ``Model.save`` call it on
-every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang (issue 23, item 3).
+every rank) and only the *writing* is rank 0's. A rank-0-only gather is the classic hang.
 
 # Note [safe loads]
 Every file is read with ``torch.load(..., weights_only=True)``: a crafted ``.pdparams``/``.pdopt`` cannot run
@@ -43,7 +43,7 @@ from ..distributed.fleet.meta_parallel.hybrid_state import (
 )
 from ..utils.atomic import atomic_open
 
-__all__ = ["PaddleFiles", "strip_postfix", "safe_load", "spec_inputs", "PROGRAM_SUFFIX"]
+__all__ = ["PaddleFiles", "strip_postfix", "paddle_prefix", "safe_load", "spec_inputs", "PROGRAM_SUFFIX"]
 
 #: what ``Model.save(path, training=False)`` writes the inference program to: ``{path}.pt2``, a ``torch.export``
 #: program saved with ``torch.export.save`` (Paddle names its program ``{path}.pdmodel``; ``torch.export.load``
@@ -59,6 +59,29 @@ def strip_postfix(path: str) -> str:
         if path.endswith(p):
             return path[: -len(p)]
     return path
+
+
+def paddle_prefix(path: str | os.PathLike) -> str | None:
+    """The ``{prefix}`` of the Paddle files ``path`` names for ``Trainer.load``, or None when it names none.
+
+    ``ckpt/final.pdparams``, or ``ckpt/final`` when only ``final.pdparams`` is there (no ``final``, ``final.pt``):
+    ``ckpt/final``; a Paddle ``fit(save_dir=...)``/``ModelCheckpoint`` directory (``{epoch}.pdparams``,
+    ``final.pdparams``, no fleetlite checkpoint): its ``final``, else its last epoch.
+    """
+    path = os.fspath(path)
+    if path.endswith((".pdparams", ".pdopt")):
+        return strip_postfix(path)
+    if os.path.isfile(path + ".pdparams") and not os.path.exists(path) and not os.path.exists(path + ".pt"):
+        return path
+    if not os.path.isdir(path):
+        return None
+    stems = [n[: -len(".pdparams")] for n in os.listdir(path) if n.endswith(".pdparams")]
+    if not stems or any(n.endswith(".pt") or n == "latest" for n in os.listdir(path)):
+        return None  # a fleetlite checkpoint directory (or none at all): the Trainer's own lookup
+    if "final" in stems:
+        return os.path.join(path, "final")
+    epochs = [s for s in stems if s.isdigit()]
+    return os.path.join(path, max(epochs, key=int)) if epochs else None
 
 
 def safe_load(path: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed.fleet.meta_parallel.hybrid_state import is_hybrid_module
 from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
@@ -32,7 +33,9 @@ from .connector import Connector, unwrap_compiled
 from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to_device
 from .fit_loop import FitLoop, FitState
 from .fit_setup import FitSetup, as_metrics, resolve_clipping
+from .hapi_io import PaddleFiles, paddle_prefix
 from .hybrid import PipelineSteps, is_pipeline
+from .labels import class_index_labels
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
@@ -210,12 +213,14 @@ class Trainer:
         return (batch,), ()
 
     def compute_loss(self, outputs: Any, labels: Sequence[Any]) -> torch.Tensor:
-        """``loss(outputs, *labels)`` (``loss(*outputs, *labels)`` when the model returns a tuple)."""
+        """``loss(outputs, *labels)`` (``loss(*outputs, *labels)`` when the model returns a tuple); ``[N, 1]`` integer
+        labels reach torch's ``CrossEntropyLoss``/``NLLLoss`` as ``[N]`` class indices, as Keras' sparse
+        categorical cross-entropy takes them (:func:`~fleetlite.trainer.labels.class_index_labels`)."""
         if self.loss_fn is None:
             raise ValueError("no loss function: pass loss=... to the Trainer or compile()")
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if labels:
-            return self.loss_fn(*outs, *labels)
+            return self.loss_fn(*outs, *class_index_labels(self.loss_fn, outs, labels))
         try:  # inputs only: fine for a loss of the outputs alone, else say what is missing
             return self.loss_fn(*outs)
         except TypeError as e:
@@ -432,12 +437,22 @@ class Trainer:
 
     # -- weights, save/load, summary ----------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the model's full state_dict (collective under sharding stage 2/3: gathered on every rank)."""
+        """A copy of the model's full state_dict (collective under sharding stage 2/3 and for a tensor- or
+        pipeline-parallel model: gathered on every rank, also before ``fit``)."""
+        self._setup_if_hybrid()
         return self.checkpoint_connector.full_weights()
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards)."""
+        """Load a full state_dict (every rank passes it; under stage 2/3 each rank keeps its shards, a tensor-
+        or pipeline-parallel model its slices and stages)."""
+        self._setup_if_hybrid()
         self.checkpoint_connector.load_model_state(strip_compile_prefix(weights))
+
+    def _setup_if_hybrid(self) -> None:
+        """Wrap a model whose ranks hold different parts of it now: only the wrapped model gathers its slices
+        and stages into full weights (before, its state_dict is this rank's part)."""
+        if self.parallel_network is None and is_hybrid_module(self._given_model):
+            self.setup()
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:
         """Save a checkpoint: the full training state, or with ``training=False`` the weights only.
@@ -469,9 +484,16 @@ class Trainer:
         """Load weights (and the optimizer state unless ``reset_optimizer``) from any checkpoint ``fit`` writes (a
         file, a sharded checkpoint directory, the ``latest`` pointer, a run's checkpoint directory) or a weights file.
 
+        Paddle's files load too: ``{path}.pdparams`` (and ``.pdopt``) by its prefix, and a Paddle ``fit(save_dir=...)``
+        directory (its ``final``, else its last epoch).
+
         ``skip_mismatch`` skips (with a warning) entries whose name or shape does not match the model instead of
         failing. Training progress is not restored: use ``fit(resume=path)`` for that.
         """
+        prefix = paddle_prefix(path)
+        if prefix is not None:
+            PaddleFiles(self).load(prefix, skip_mismatch, reset_optimizer, other=self.checkpoint_connector.load)
+            return self
         self.checkpoint_connector.load(path, skip_mismatch, reset_optimizer)
         return self
 

@@ -324,7 +324,7 @@ def from_strategy(strategy=None, device: str | torch.device | torch.nn.Module | 
     return AmpHelper.from_strategy(strategy, device, group)
 
 
-#: Why AMP on a CPU is warned about: issue 13's measurement (quick-start CNN, batch 32, 2-core CPU, torch 2.14).
+#: Why AMP on a CPU is warned about: a measurement (quick-start CNN, batch 32, 2-core CPU, torch 2.14).
 CPU_AMP_NOTE = ("bfloat16 autocast on a CPU without fast bf16 kernels is usually slower than float32: the "
                 "quick-start CNN measured 617 ms a step against 82 ms in float32 (7.5x) on a 2-core CPU")
 

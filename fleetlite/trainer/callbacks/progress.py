@@ -25,8 +25,8 @@ def epoch_label(epoch: int, epochs: int | None) -> str:
 
 
 def display_epoch_label(epoch: int, epochs: int | None) -> str:
-    """``"Epoch 4/10"`` for epoch 3 of 10: what the progress lines print, 1-based as Keras and Paddle print it
-    (issue 23); only the printed label, the epoch numbers everywhere else stay 0-based."""
+    """``"Epoch 4/10"`` for epoch 3 of 10: what the progress lines print, 1-based as Keras and Paddle print it;
+    only the printed label, the epoch numbers everywhere else stay 0-based."""
     return f"Epoch {epoch + 1}/{epochs if isinstance(epochs, int) else '?'}"
 
 

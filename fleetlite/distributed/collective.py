@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import logging
 import os
 import time
 import warnings
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 ReduceOp = tdist.ReduceOp
+logger = logging.getLogger("fleetlite.distributed")
 
 _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
@@ -137,7 +139,13 @@ def _as_timedelta(timeout) -> datetime.timedelta:
 
 
 def init_parallel_env(backend: str = "auto", timeout=None):
-    """Initialise the process group from torchrun's (or Paddle's) variables.
+    """Initialise the process group from the launcher's variables: torchrun's, Paddle's, or a cluster manager's.
+
+    With no launcher, workers that SLURM (``srun``), Open MPI or MPICH /
+    Intel MPI (``mpirun``) started join from the manager's variables, and a
+    Kubeflow ``PyTorchJob`` pod is local rank 0 of 1 (see
+    :func:`fleetlite.distributed.env.read_env`). The environment found is
+    logged (logger ``fleetlite.distributed``, INFO) in one line.
 
     Idempotent: a second call returns the existing group. With world size 1
     it does nothing (a launcher that started one process gets a one-time
@@ -196,9 +204,10 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         torch.cuda.set_device(device)
         if "nccl" in resolved:
             kwargs["device_id"] = device
-    if env.source == "paddle":
+    if env.source not in ("torchrun", "kubeflow"):  # Paddle's or a cluster manager's variables: env:// reads these
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    logger.info("fleetlite: %s", env.describe())  # which environment was found, once per process
     store = _elastic_store(env.world_size, td)
     if store is not None:
         kwargs["store"] = store

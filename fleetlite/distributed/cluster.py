@@ -27,17 +27,21 @@ Lightning) are not a job of several workers. ``FLEETLITE_CLUSTER_ENV=none``
 ignores every manager's variables (e.g. a plain ``python`` in an ``sbatch``
 script of several tasks); ``=slurm`` / ``openmpi`` / ``mpich`` reads only that one.
 
+Pre-emption on SLURM: :func:`requeue_slurm_job` puts the job back in the queue
+(``fleetlite.callbacks.Preemption(requeue=...)``).
+
 Nothing here imports torch: this module only parses strings (below ``env``).
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["ClusterVars", "ClusterEnvError", "detect", "expand_hostlist", "slurm_master_port", "slurm_job",
-           "SOURCES"]
+           "slurm_job_id", "requeue_slurm_job", "SOURCES"]
 
 #: The names :func:`detect` can report (``DistEnv.source``), and what ``FLEETLITE_CLUSTER_ENV`` accepts.
 SOURCES = ("slurm", "openmpi", "mpich")
@@ -225,3 +229,31 @@ def detect(env: Mapping[str, str]) -> ClusterVars | None:
     if choice in ("", "auto", "slurm") and slurm_job(env):
         return _read_slurm(env)
     return None
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """The id ``scontrol requeue`` takes: ``ARRAYJOB_TASK`` for a job array's task, else ``SLURM_JOB_ID``."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
+def requeue_slurm_job(env: Mapping[str, str]) -> tuple[bool, str]:
+    """Run ``scontrol requeue <job id>`` (as Lightning's auto-requeue); (whether it worked, one line saying so).
+
+    SLURM then ends this job and queues it again with the same id: the new run continues from the last
+    checkpoint (``resume=auto``).
+    """
+    job = slurm_job_id(env)
+    if job is None:
+        return False, "not requeued: SLURM_JOB_ID is not set (not a SLURM job)"
+    try:
+        res = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"could not requeue SLURM job {job}: `scontrol requeue {job}` failed to run ({e})"
+    if res.returncode != 0:
+        why = " ".join((res.stderr or res.stdout).split())[:200]
+        return False, (f"could not requeue SLURM job {job}: scontrol exited {res.returncode} ({why}); the job needs "
+                       "#SBATCH --requeue (or the cluster's JobRequeue=1)")
+    return True, f"SLURM job {job} requeued: it continues from the last checkpoint when it starts again"

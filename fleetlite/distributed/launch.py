@@ -55,7 +55,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-from . import _bootstrap
+from . import _bootstrap, cluster
 from .launch_flags import link_worker_logs, paddle_options, slurm_options
 from .rendezvous import reach_master, rendezvous_failure
 
@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"fleetlite launch: {note}", file=sys.stderr, flush=True)
     args = trun.parse_args(argv)
+    if cluster.slurm_job_id(os.environ) and "SIGUSR1" not in (args.signals_to_handle or ""):
+        # SLURM's time-limit warning (--signal=USR1@90): passed on to the workers, not the launcher's death
+        args.signals_to_handle = ",".join(s for s in ((args.signals_to_handle or ""), "SIGUSR1") if s)
     if not args.training_script:
         raise SystemExit("fleetlite launch: no training script given; usage: fleetlite launch "
                          "[torchrun options] script.py [script args]")

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from fleetlite.distributed.launch import resolve_argv
 from fleetlite.distributed.launch_flags import paddle_options, slurm_options
-from fleetlite.testing import free_port, run_launch
+from fleetlite.testing import free_port, run_launch, timeout_scale
 
 WORKER = textwrap.dedent("""
     import json, os, sys
@@ -195,3 +199,55 @@ def test_docstring_examples_run():
     from fleetlite.distributed import launch_flags, rendezvous
 
     assert doctest.testmod(launch_flags).failed == 0 and doctest.testmod(rendezvous).failed == 0
+
+
+# ---- the clusters page: the blocks that can run on one machine --------------------------------------------------
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "clusters.md"
+_RUN_MARK = "<!-- clusters-test: run -->"
+
+
+def _page_blocks() -> tuple[str, list[str]]:
+    """The page's train.py (its first python block) and its bash blocks marked to run here."""
+    text = PAGE.read_text()
+    train = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    runs = re.findall(re.escape(_RUN_MARK) + r"\n```bash\n(.*?)```", text, re.S)
+    return train, runs
+
+
+def test_the_page_marks_its_runnable_blocks():
+    _, runs = _page_blocks()
+    assert len(runs) == 4  # SLURM, Open MPI, a PyTorchJob, two nodes + --ips
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("index", range(4))
+def test_a_block_of_the_clusters_page_forms_a_world_of_two(tmp_path, index):
+    train, runs = _page_blocks()
+    (tmp_path / "train.py").write_text(train)
+    code = runs[index]
+    for fixed in ("29511", "29512", "29513"):  # the page's ports: free ones here (tests run side by side)
+        code = code.replace(fixed, str(free_port()))
+    port = free_port()
+    if "SLURM_JOB_ID=12345" in code:  # the port SLURM's rule gives: pick a job id whose port is free
+        port = next(p for p in range(15000 + os.getpid() % 9000, 25000) if _free(p))
+        code = code.replace("SLURM_JOB_ID=12345", f"SLURM_JOB_ID=9{port - 15000:04d}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PADDLE_", "TORCHELASTIC_", "KUBERNETES_"))}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}",
+               PYTHONPATH=os.pathsep.join(p for p in (str(PAGE.parents[1]), env.get("PYTHONPATH", "")) if p))
+    res = subprocess.run(["bash", "-ec", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=350 * timeout_scale())
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = re.findall(r"rank \d+ of \d+: sum \S+", res.stdout)  # two processes share the output: not by line
+    assert sorted(set(lines)) == ["rank 0 of 2: sum 3", "rank 1 of 2: sum 3"], res.stdout[-2000:]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -130,7 +130,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
             raise ClusterEnvError(f"SLURM node list {whole!r} is malformed (unbalanced brackets)")
         return [item]
     head, tail = item[:m.start()], item[m.end():]
-    out = []
+    out: list[str] = []
     for part in m.group(1).split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):

@@ -40,6 +40,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -52,7 +53,7 @@ from collections.abc import MutableMapping
 from torch.distributed import DistError
 from torch.distributed import run as trun
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 
 from . import _bootstrap, cluster
@@ -365,7 +366,7 @@ def _reap(pid: int) -> bool:
     return done == 0
 
 
-def _quiet_torchrun(args) -> None:
+def _quiet_torchrun(args: argparse.Namespace) -> None:
     """No OMP_NUM_THREADS banner (set the value torchrun would, silently) and no agent log lines."""
     if "OMP_NUM_THREADS" not in os.environ:
         try:
@@ -381,7 +382,7 @@ def _quiet_torchrun(args) -> None:
             logger.setLevel(logging.CRITICAL)
 
 
-def _one_line(failure) -> str:
+def _one_line(failure: ProcessFailure) -> str:
     """What a failed worker reported (its exception, or the signal that ended it), on one line."""
     message = failure.message
     if isinstance(message, dict):

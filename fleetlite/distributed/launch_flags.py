@@ -185,7 +185,7 @@ def _local_addresses() -> set[str]:
     names = {"127.0.0.1", "localhost", socket.gethostname(), socket.getfqdn()}
     for name in list(names):
         try:
-            names.update(info[4][0] for info in socket.getaddrinfo(name, None, socket.AF_INET))
+            names.update(str(info[4][0]) for info in socket.getaddrinfo(name, None, socket.AF_INET))
         except OSError:
             pass
     return {str(n) for n in names}
@@ -231,7 +231,7 @@ def link_worker_logs(log_dir: str, environ: MutableMapping[str, str] | None = No
     torchrun writes ``LOG_DIR/<run id>_<random>/attempt_K/N/{stdout,stderr}.log``; Paddle users look for
     ``workerlog.N``. stdout and stderr stay two files: ``workerlog.N`` is stdout, ``workerlog.N.err`` stderr.
     """
-    made = []
+    made: list[str] = []
     runs = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*")), key=os.path.getmtime)
     if not runs:
         return made

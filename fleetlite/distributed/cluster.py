@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["ClusterVars", "ClusterEnvError", "detect", "expand_hostlist", "slurm_master_port", "slurm_job",
-           "slurm_job_id", "requeue_slurm_job", "SOURCES"]
+           "slurm_job_id", "requeue_slurm_job", "tasks_per_node", "SOURCES"]
 
 #: The names :func:`detect` can report (``DistEnv.source``), and what ``FLEETLITE_CLUSTER_ENV`` accepts.
 SOURCES = ("slurm", "openmpi", "mpich")
@@ -140,6 +140,21 @@ def _expand_one(item: str, whole: str) -> list[str]:
     return out
 
 
+def tasks_per_node(layout: str) -> list[int]:
+    """SLURM's compressed tasks-per-node layout, one count per node.
+
+    >>> tasks_per_node("2(x3),1")
+    [2, 2, 2, 1]
+    """
+    counts: list[int] = []
+    for part in layout.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ClusterEnvError(f"SLURM tasks-per-node layout {layout!r} is not of the form N or N(xM), ...")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
 def slurm_master_port(job_id: str | None) -> int:
     """The port every task of a SLURM job computes alike: the last 4 digits of the job id + 15000 (as
     Lightning's ``SLURMEnvironment``), 12910 without a job id.
@@ -173,10 +188,15 @@ def _read_slurm(env: Mapping[str, str]) -> ClusterVars:
     rank = _int(env, "SLURM_PROCID")
     local_rank = _int(env, "SLURM_LOCALID", 0)
     nnodes = _int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1))
-    # tasks on this node: srun's SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE ("4(x2)"), else an even split
-    per_node_name = next((n for n in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    # tasks on this node: SLURM's per-node layout ("2(x3),1": 2 on each of the first 3 nodes, 1 on the 4th),
+    # at this node's index; else an even split
+    per_node_name = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
                           if env.get(n)), None)
-    local_world = _int(env, per_node_name) if per_node_name else max(world // max(nnodes, 1), 1)
+    local_world = max(world // max(nnodes, 1), 1)
+    if per_node_name:
+        layout = tasks_per_node(env[per_node_name])
+        node = _int(env, "SLURM_NODEID", 0)
+        local_world = layout[node] if node < len(layout) else layout[-1]
     local_world = max(local_world, local_rank + 1)
     addr, port = _slurm_master(env)
     if addr is None and world == local_world:

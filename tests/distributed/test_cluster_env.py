@@ -194,3 +194,11 @@ def test_docstring_examples_run():
     import doctest
 
     assert doctest.testmod(cluster).failed == 0
+
+
+def test_a_nodes_task_count_comes_from_slurms_layout_at_its_node_index():
+    # srun -n 7 on 4 nodes: SLURM_TASKS_PER_NODE=2(x3),1; the 4th node (SLURM_NODEID=3) runs 1 task
+    task = {"SLURM_NTASKS": "7", "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_TASKS_PER_NODE": "2(x3),1"}
+    assert read_env({**task, "SLURM_PROCID": "6", "SLURM_NODEID": "3", "SLURM_LOCALID": "0"}).local_world_size == 1
+    assert read_env({**task, "SLURM_PROCID": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}).local_world_size == 2
+    assert cluster.tasks_per_node("4(x2)") == [4, 4] and cluster.tasks_per_node("3") == [3]

@@ -210,10 +210,10 @@ def _read_mpi(env: Mapping[str, str], source: str, names: tuple[str, str, str, s
     local_rank = _int(env, names[2], 0 if world == 1 else rank)
     local_world = _int(env, names[3], world if names[2] not in env else max(local_rank + 1, 1))
     addr = (env.get("MASTER_ADDR") or "").strip() or None
-    if addr is None and local_world == world:
-        addr = "127.0.0.1"  # every rank on this node
+    if addr is None and names[3] in env and local_world == world:
+        addr = "127.0.0.1"  # the manager says every rank is on this node
     port = _port(env)
-    if world > 1 and (addr is None or port is None):
+    if world > 1 and 0 <= rank < world and (addr is None or port is None):  # a bad rank is reported first (env)
         missing = " and ".join(n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if v is None)
         raise ClusterEnvError(f"{names[1]}={world} ({source}) but {missing} is not set: MPI gives no address every "
                               "rank can find; pass them to every rank, e.g. mpirun -x MASTER_ADDR=<first host> "

@@ -191,14 +191,18 @@ def _local_addresses() -> set[str]:
     return {str(n) for n in names}
 
 
+#: Variables srun sets for the tasks of a job step (the batch script does not have them).
+_SRUN_MARKS = ("SLURM_STEP_NUM_TASKS", "SLURM_SRUN_COMM_HOST")
+
+
 def slurm_options(options: list[str], environ: Mapping[str, str]) -> tuple[list[str], str | None]:
     """Options a launch under ``srun`` (one task per node) takes from SLURM, and the line saying so (or None).
 
-    Nothing is added outside a SLURM task, inside a launcher's worker, or when the options already say
-    where the nodes meet.
+    Nothing is added outside a SLURM task, inside a launcher's worker, when the options already say where
+    the nodes meet, or in the batch script itself (not started by srun: ``SLURM_STEP_NUM_TASKS`` unset).
 
     >>> slurm_options([], {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-    ...                    "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "31337"})[0]
+    ...                    "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "31337", "SLURM_STEP_NUM_TASKS": "2"})[0]
     ['--nnodes', '2', '--node_rank', '1', '--master_addr', 'gpu07', '--master_port', '16337']
     """
     if not cluster.slurm_job(environ) or (environ.get(cluster.CHOICE_VAR) or "").strip().lower() == "none" \
@@ -207,8 +211,12 @@ def slurm_options(options: list[str], environ: Mapping[str, str]) -> tuple[list[
     if any(_given(options, o) is not None for o in _PLACEMENT):
         return options, None
     try:
-        tasks = cluster._int(environ, "SLURM_NTASKS")
-        nnodes = cluster._int(environ, "SLURM_NNODES", cluster._int(environ, "SLURM_JOB_NUM_NODES", 1))
+        nnodes = cluster._int(environ, "SLURM_STEP_NUM_NODES", cluster._int(environ, "SLURM_NNODES", 1))
+        if nnodes > 1 and not any(environ.get(v) for v in _SRUN_MARKS):
+            # the batch script itself runs on the first node only: waiting for the others would never end
+            return options, (f"a SLURM job on {nnodes} nodes, but this launch was not started by srun: it runs on this "
+                             "node only; to use every node: srun --ntasks-per-node=1 fleetlite launch ...")
+        tasks = cluster._int(environ, "SLURM_STEP_NUM_TASKS", cluster._int(environ, "SLURM_NTASKS"))
         node = cluster._int(environ, "SLURM_NODEID", cluster._int(environ, "SLURM_PROCID"))
         addr, port = cluster._slurm_master(environ)
     except cluster.ClusterEnvError as e:

@@ -116,7 +116,8 @@ def test_launch_with_paddles_ips_runs_two_workers_and_writes_workerlogs(tmp_path
 
 def test_a_launch_per_node_under_srun_takes_the_nodes_from_slurm():
     env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "31337", "SLURM_JOB_NAME": "train"}
+           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "31337", "SLURM_JOB_NAME": "train",
+           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}  # srun's step variables
     out, note = slurm_options(["--nproc_per_node", "8"], env)
     # the master is the node list's first host; the port Lightning's rule on the job id (15000 + last 4 digits)
     assert out == ["--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1", "--master_addr", "gpu07",
@@ -125,9 +126,13 @@ def test_a_launch_per_node_under_srun_takes_the_nodes_from_slurm():
     assert slurm_options(["--nnodes", "4"], env) == (["--nnodes", "4"], None)  # the user's options win
     assert slurm_options([], {**env, "SLURM_JOB_NAME": "interactive"}) == ([], None)
     assert slurm_options([], {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "1"}) == ([], None)
-    # a launch in the batch script itself (8 tasks on 2 nodes, one launch): this node only, and it says why
-    _, note = slurm_options([], {**env, "SLURM_NTASKS": "8"})
+    # srun with several tasks per node: each launch would start its own workers; this node only, and it says why
+    _, note = slurm_options([], {**env, "SLURM_STEP_NUM_TASKS": "8"})
     assert note.endswith("srun --ntasks-per-node=1 fleetlite launch ...")
+    # the batch script itself (no srun step): it runs on the first node only, so it must not wait for the others
+    batch = {k: v for k, v in env.items() if not k.startswith("SLURM_STEP_")}
+    out, note = slurm_options([], batch)
+    assert out == [] and "not started by srun" in note
 
 
 @pytest.mark.timeout(300)
@@ -135,6 +140,7 @@ def test_two_srun_launches_on_two_nodes_form_one_world(tmp_path):
     script, out = _script(tmp_path)
     port = free_port()
     base = {**_NO_CLUSTER, "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.1",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2",
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "MASTER_PORT": str(port)}
 
     def node(r):

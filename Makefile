@@ -19,6 +19,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch.distributed import ProcessGroup
 
 from . import faults
 from .env import DEFAULT_TIMEOUT_S, DistEnvError, choose_backend, default_timeout, read_env
@@ -45,6 +49,7 @@ __all__ = [
 ]
 
 ReduceOp = tdist.ReduceOp
+logger = logging.getLogger("fleetlite.distributed")
 
 _BACKENDS = ("auto", "gloo", "nccl")
 _warned_single = False
@@ -52,7 +57,7 @@ _warned_once: set[str] = set()  # one-time notes already given (CPU model under 
 _group_timeout: datetime.timedelta | None = None  # the timeout the group was created with
 
 
-def _collective(name: str, fn, *args, **kwargs):
+def _collective(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run one blocking collective; turn a dead or late peer into a :class:`CollectiveError` naming it."""
     try:
         return fn(*args, **kwargs)
@@ -83,13 +88,13 @@ def _warn_once(key: str, message: str, stacklevel: int = 3) -> None:
         warnings.warn(message, stacklevel=stacklevel)
 
 
-def _served_device_types(group=None) -> set[str]:
+def _served_device_types(group: ProcessGroup | None = None) -> set[str]:
     """Device types the group's backend(s) can move (``cpu:gloo,cuda:nccl`` -> cpu and cuda)."""
     config = str(tdist.get_backend_config(group))
     return {part.split(":")[0].strip() for part in config.split(",") if ":" in part}
 
 
-def collective_device(device: torch.device | str, group=None) -> torch.device:
+def collective_device(device: torch.device | str, group: ProcessGroup | None = None) -> torch.device:
     """Where a small collective (a count, a flag) of a tensor on ``device`` runs for ``group``.
 
     The tensor's own device when the group's backend serves it (Note
@@ -126,7 +131,7 @@ def warn_if_cpu_model(module: torch.nn.Module) -> None:
                             "model.to(ParallelEnv().device) to use the GPU", stacklevel=4)
 
 
-def _as_timedelta(timeout) -> datetime.timedelta:
+def _as_timedelta(timeout: float | datetime.timedelta | None) -> datetime.timedelta:
     if timeout is None:
         return default_timeout()
     if isinstance(timeout, datetime.timedelta):
@@ -136,8 +141,14 @@ def _as_timedelta(timeout) -> datetime.timedelta:
     raise ValueError(f"timeout={timeout!r} must be a positive number of seconds or a datetime.timedelta")
 
 
-def init_parallel_env(backend: str = "auto", timeout=None):
-    """Initialise the process group from torchrun's (or Paddle's) variables.
+def init_parallel_env(backend: str = "auto", timeout: float | datetime.timedelta | None = None) -> ProcessGroup | None:
+    """Initialise the process group from the launcher's variables: torchrun's, Paddle's, or a cluster manager's.
+
+    With no launcher, workers that SLURM (``srun``), Open MPI or MPICH /
+    Intel MPI (``mpirun``) started join from the manager's variables, and a
+    Kubeflow ``PyTorchJob`` pod is local rank 0 of 1 (see
+    :func:`fleetlite.distributed.env.read_env`). The environment found is
+    logged (logger ``fleetlite.distributed``, INFO) in one line.
 
     Idempotent: a second call returns the existing group. With world size 1
     it does nothing (a launcher that started one process gets a one-time
@@ -196,9 +207,10 @@ def init_parallel_env(backend: str = "auto", timeout=None):
         torch.cuda.set_device(device)
         if "nccl" in resolved:
             kwargs["device_id"] = device
-    if env.source == "paddle":
+    if env.source not in ("torchrun", "kubeflow"):  # Paddle's or a cluster manager's variables: env:// reads these
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    logger.info("fleetlite: %s", env.describe())  # which environment was found, once per process
     store = _elastic_store(env.world_size, td)
     if store is not None:
         kwargs["store"] = store
@@ -213,7 +225,7 @@ def init_parallel_env(backend: str = "auto", timeout=None):
     return tdist.group.WORLD
 
 
-def _elastic_store(world_size: int, timeout: datetime.timedelta):
+def _elastic_store(world_size: int, timeout: datetime.timedelta) -> tdist.Store | None:
     """The store of a worker group started by torchelastic on its agent's shared store, under a per-attempt prefix.
 
     Note [elastic store reuse]
@@ -262,14 +274,14 @@ def is_initialized() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def get_rank(group=None) -> int:
+def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank (0 when no process group exists)."""
     if is_initialized():
         return tdist.get_rank(group)
     return read_env().rank if group is None else 0
 
 
-def get_world_size(group=None) -> int:
+def get_world_size(group: ProcessGroup | None = None) -> int:
     """Number of processes: the group's size, or before ``init_parallel_env`` the launcher's
     ``WORLD_SIZE`` / ``PADDLE_TRAINERS_NUM`` (1 when launched without one), as Paddle does."""
     if is_initialized():
@@ -277,7 +289,7 @@ def get_world_size(group=None) -> int:
     return read_env().world_size if group is None else 1
 
 
-def barrier(group=None) -> None:
+def barrier(group: ProcessGroup | None = None) -> None:
     """Wait for every rank; a no-op single-process."""
     if is_initialized():
         _collective("barrier", tdist.barrier, group)
@@ -292,7 +304,8 @@ def destroy_process_group() -> None:
     _group_timeout = None
 
 
-def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, sync_op: bool = True):
+def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: ProcessGroup | None = None,
+               sync_op: bool = True) -> tdist.Work | None:
     """In-place all-reduce (Paddle signature); identity single-process."""
     if not is_initialized():
         return None
@@ -300,7 +313,8 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, sync_op: bool 
     return None if sync_op else work
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0, group=None, sync_op: bool = True):
+def broadcast(tensor: torch.Tensor, src: int = 0, group: ProcessGroup | None = None,
+              sync_op: bool = True) -> tdist.Work | None:
     """In-place broadcast from ``src``; identity single-process."""
     if not is_initialized():
         return None
@@ -308,7 +322,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None, sync_op: bool = Tr
     return None if sync_op else work
 
 
-def all_gather_object(obj, group=None) -> list:
+def all_gather_object(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
     """Every rank's ``obj``, in rank order (``[obj]`` single-process)."""
     if not is_initialized():
         return [obj]

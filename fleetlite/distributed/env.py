@@ -1,12 +1,16 @@
 """The distributed environment, read once from the launcher's variables.
 
-Two conventions are understood:
+The conventions understood, in this order (the first present wins; ``source`` names it):
 
 * torchrun / torchelastic: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_WORLD_SIZE``);
+  a Kubeflow ``PyTorchJob`` sets the same without the local ones (one process
+  per pod: local rank 0 of 1; ``source == "kubeflow"``);
 * Paddle's launcher, used when the torchrun variables are absent:
   ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS``,
   ``PADDLE_CURRENT_ENDPOINT``, ``FLAGS_selected_gpus``;
+* a cluster manager that started the worker itself, with no launcher: Open MPI,
+  MPICH / Intel MPI, SLURM's ``srun`` (:mod:`fleetlite.distributed.cluster`);
 
 and fleetlite's own ``FLEETLITE_COLLECTIVE_TIMEOUT``. Nothing here touches
 torch.distributed: this module only parses and checks (the bottom of
@@ -20,6 +24,8 @@ import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .cluster import ClusterEnvError, ClusterVars, detect
 
 __all__ = ["DistEnvError", "DistEnv", "read_env", "choose_backend", "PER_DEVICE_BACKEND", "default_timeout",
            "DEFAULT_TIMEOUT_S"]
@@ -62,7 +68,17 @@ class DistEnv:
     trainer_endpoints: tuple[str, ...] = field(default_factory=tuple)
     current_endpoint: str = ""
     selected_gpus: tuple[int, ...] = field(default_factory=tuple)
-    source: str = "none"  # "torchrun", "paddle" or "none"
+    source: str = "none"  # "torchrun", "kubeflow", "paddle", "slurm", "openmpi", "mpich" or "none"
+
+    def describe(self) -> str:
+        """One line: where this process sits in the job and who said so (logged by ``init_parallel_env``).
+
+        >>> read_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}).describe()
+        'rank 1 of 2 (local rank 1 of 2), master h:29500, from torchrun'
+        """
+        master = f"{self.master_addr}:{self.master_port}" if self.master_addr else "none"
+        return (f"rank {self.rank} of {self.world_size} (local rank {self.local_rank} of {self.local_world_size}), "
+                f"master {master}, from {self.source}")
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -99,12 +115,19 @@ def _check_rank(rank: int, world_size: int, rank_name: str, size_name: str) -> N
         )
 
 
+def _kubeflow(env: Mapping[str, str]) -> bool:
+    """A Kubeflow ``PyTorchJob`` pod: torchrun's rank variables in Kubernetes, without torchrun's local ones."""
+    in_pod = "KUBERNETES_SERVICE_HOST" in env or "KUBERNETES_PORT" in env
+    return in_pod and not any(k in env for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
+
+
 def _read_torchrun(env: Mapping[str, str]) -> DistEnv:
     world_size = _int(env, "WORLD_SIZE", 1)
     rank = _int(env, "RANK", 0)
     _check_rank(rank, world_size, "RANK", "WORLD_SIZE")
-    local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 and "LOCAL_WORLD_SIZE" not in env else 0)
-    local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+    pod = _kubeflow(env)  # one process per pod (as Lightning's KubeflowEnvironment): local rank 0 of 1
+    local_rank = _int(env, "LOCAL_RANK", rank if world_size > 1 and "LOCAL_WORLD_SIZE" not in env and not pod else 0)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1 if pod else world_size)
     _check_rank(local_rank, local_world_size, "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     if local_world_size > world_size:
         raise DistEnvError(f"LOCAL_WORLD_SIZE={local_world_size} exceeds WORLD_SIZE={world_size}; a node cannot "
@@ -123,7 +146,25 @@ def _read_torchrun(env: Mapping[str, str]) -> DistEnv:
     endpoints, current = _torchrun_endpoints(env, rank, world_size, local_rank, local_world_size, addr, port)
     gpus = _gpus(env)
     return DistEnv(rank, world_size, local_rank, local_world_size, addr, port, endpoints, current, gpus,
-                   "torchrun")
+                   "kubeflow" if pod else "torchrun")
+
+
+def _read_cluster(found: ClusterVars, env: Mapping[str, str]) -> DistEnv:
+    """The environment of a worker its cluster manager started (no launcher): checked like torchrun's."""
+    rank_name, size_name, local_name, local_size_name = found.names
+    _check_rank(found.rank, found.world_size, rank_name, size_name)
+    _check_rank(found.local_rank, found.local_world_size, local_name, local_size_name)
+    if found.world_size > 1 and found.master_addr is None:
+        raise DistEnvError(f"{size_name}={found.world_size} ({found.source}) but no master address is known: set "
+                           "MASTER_ADDR to the first node's host name (SLURM: SLURM_JOB_NODELIST gives it)")
+    endpoints: tuple[str, ...] = ()
+    current = ""
+    if found.local_world_size == found.world_size and found.master_port is not None:  # one node: all known
+        endpoints = tuple(trainer_endpoint(found.master_addr or "127.0.0.1", found.master_port, i)
+                          for i in range(found.world_size))
+        current = endpoints[found.rank]
+    return DistEnv(found.rank, found.world_size, found.local_rank, found.local_world_size, found.master_addr,
+                   found.master_port, endpoints, current, _gpus(env), found.source)
 
 
 def _torchrun_endpoints(env: Mapping[str, str], rank: int, world_size: int, local_rank: int,
@@ -207,8 +248,10 @@ def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
     """Parse the launcher variables of ``env`` (default ``os.environ``).
 
     torchrun's variables win; Paddle's are read only when none of torchrun's
-    rank variables is present. Raises :class:`DistEnvError` with the
-    variable and the fix on bad input.
+    rank variables is present, and a cluster manager's (MPI, SLURM) only when
+    neither is: a launcher started under ``srun`` or ``mpirun`` describes its
+    own workers. Raises :class:`DistEnvError` with the variable and the fix on
+    bad input.
 
     >>> read_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}).rank
     1
@@ -218,6 +261,12 @@ def read_env(env: Mapping[str, str] | None = None) -> DistEnv:
         return _read_torchrun(env)
     if any(k in env for k in ("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS")):
         return _read_paddle(env)
+    try:
+        found = detect(env)
+    except ClusterEnvError as e:
+        raise DistEnvError(str(e)) from None
+    if found is not None:
+        return _read_cluster(found, env)
     return DistEnv(selected_gpus=_gpus(env))
 
 

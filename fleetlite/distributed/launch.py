@@ -4,8 +4,13 @@ Every torchrun option works unchanged (``--nproc_per_node``, ``--nnodes``,
 ``--rdzv_backend``, ``--rdzv_endpoint``, ``--max_restarts``, ``--standalone``,
 ...). On top of torchrun it:
 
-* accepts Paddle's ``--gpus`` / ``--selected_gpus`` (sets ``CUDA_VISIBLE_DEVICES``
-  and, unless given, ``--nproc_per_node``);
+* accepts Paddle's ``--gpus`` / ``--devices`` / ``--selected_gpus`` (sets ``CUDA_VISIBLE_DEVICES``
+  and, unless given, ``--nproc_per_node``) and Paddle's ``--ips``, ``--master``, ``--rank``,
+  ``--log_dir``, with Paddle's meaning (:mod:`fleetlite.distributed.launch_flags`);
+* under ``srun`` with one task per node, takes ``--nnodes``, ``--node_rank`` and the
+  master from SLURM;
+* reports a rendezvous that fails (a node that does not join in time, an unreachable
+  master, a port in use) in one line naming the endpoint and what to check;
 * runs each worker through a small bootstrap that also exports Paddle's
   ``PADDLE_TRAINER_ID`` / ``PADDLE_TRAINERS_NUM`` / ``PADDLE_TRAINER_ENDPOINTS`` /
   ``PADDLE_CURRENT_ENDPOINT`` / ``FLAGS_selected_gpus`` so Paddle-style scripts work;
@@ -35,6 +40,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -44,15 +50,19 @@ import tempfile
 import time
 from collections.abc import MutableMapping
 
+from torch.distributed import DistError
 from torch.distributed import run as trun
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-from . import _bootstrap
+from . import _bootstrap, cluster
+from .launch_flags import link_worker_logs, paddle_options, slurm_options
+from .rendezvous import reach_master, rendezvous_failure
 
 __all__ = ["main", "split_paddle_options", "resolve_argv", "oversubscription_warning"]
 
-_PADDLE_GPU_OPTS = ("--gpus", "--selected_gpus")
+_PADDLE_GPU_OPTS = ("--gpus", "--devices", "--selected_gpus")
 #: Seconds since the epoch when ``fleetlite launch`` started; read by recipes (``${launch_time:...}``).
 LAUNCH_TIME_VAR = "FLEETLITE_LAUNCH_TIME"
 #: ``1``: torchrun's own output (agent logs, full failure report, worker tracebacks on stderr).
@@ -116,7 +126,7 @@ def _takes_value(option: str) -> bool:
 
 
 def resolve_argv(argv: list[str], environ: MutableMapping[str, str] | None = None) -> list[str]:
-    """torchrun's argv for ``fleetlite launch`` ``argv``, with Paddle's GPU options applied.
+    """torchrun's argv for ``fleetlite launch`` ``argv``: Paddle's options and a SLURM job's nodes applied.
 
     ``--gpus 0,1`` (or ``--selected_gpus``) sets ``CUDA_VISIBLE_DEVICES`` in
     ``environ`` (default ``os.environ``) and, unless ``--nproc_per_node`` is
@@ -125,12 +135,21 @@ def resolve_argv(argv: list[str], environ: MutableMapping[str, str] | None = Non
     >>> resolve_argv(["--gpus", "0,1", "train.py"], environ={})
     ['--nproc_per_node', '2', 'train.py']
     """
+    return _resolve(argv, environ)[0]
+
+
+def _resolve(argv: list[str], environ: MutableMapping[str, str] | None = None
+             ) -> tuple[list[str], str | None, str | None]:
+    """torchrun's argv, Paddle's log directory (or None), and a line saying what SLURM gave (or None)."""
     environ = os.environ if environ is None else environ
     argv, gpus = split_paddle_options(list(argv))
-    launcher_part, _ = _launcher_options(argv)
+    launcher_part, script_part = _launcher_options(argv)
+    launcher_part, log_dir = paddle_options(launcher_part, _takes_value)
+    launcher_part, note = slurm_options(launcher_part, environ)
+    argv = [*launcher_part, *script_part]
     nproc = _nproc_per_node(launcher_part)
     if gpus is None:
-        return argv
+        return argv, log_dir, note
     ids = [g.strip() for g in gpus.split(",") if g.strip()]
     if not ids or not all(g.isdigit() for g in ids):
         raise SystemExit(f"fleetlite launch: --gpus {gpus!r} must be a comma-separated list of GPU "
@@ -141,7 +160,7 @@ def resolve_argv(argv: list[str], environ: MutableMapping[str, str] | None = Non
     environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     if nproc is None:
         argv = ["--nproc_per_node", str(len(ids)), *argv]
-    return argv
+    return argv, log_dir, note
 
 
 def _nproc_per_node(launcher_part: list[str]) -> str | None:
@@ -182,8 +201,13 @@ def _bootstrap_path() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse torchrun's arguments, add the bootstrap, and run the workers; returns the exit status."""
-    argv = resolve_argv(list(sys.argv[1:] if argv is None else argv))
+    argv, log_dir, note = _resolve(list(sys.argv[1:] if argv is None else argv))
+    if note:
+        print(f"fleetlite launch: {note}", file=sys.stderr, flush=True)
     args = trun.parse_args(argv)
+    if cluster.slurm_job_id(os.environ) and "SIGUSR1" not in (args.signals_to_handle or ""):
+        # SLURM's time-limit warning (--signal=USR1@90): passed on to the workers, not the launcher's death
+        args.signals_to_handle = ",".join(s for s in ((args.signals_to_handle or ""), "SIGUSR1") if s)
     if not args.training_script:
         raise SystemExit("fleetlite launch: no training script given; usage: fleetlite launch "
                          "[torchrun options] script.py [script args]")
@@ -212,7 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(LOG_VAR, os.path.join(tempfile.gettempdir(), f"fleetlite-launch-"
                               f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"))
     try:
+        unreachable = None if loud else reach_master(args)  # before torch's store retries fill the screen
+        if unreachable:
+            print(f"fleetlite launch: {unreachable}", file=sys.stderr, flush=True)
+            return 1
         trun.run(args)
+    except (RendezvousError, DistError) as e:  # before any worker started: the nodes did not meet
+        if loud:
+            raise
+        print(f"fleetlite launch: {rendezvous_failure(e, args)}", file=sys.stderr, flush=True)
+        return 1
     except ChildFailedError as e:
         # the workers run through the bootstrap: name the user's script in the summary
         msg = e.format_msg().replace(f"{_bootstrap_path()} FAILED", f"{target} FAILED")
@@ -248,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        if log_dir:
+            link_worker_logs(log_dir)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -331,7 +366,7 @@ def _reap(pid: int) -> bool:
     return done == 0
 
 
-def _quiet_torchrun(args) -> None:
+def _quiet_torchrun(args: argparse.Namespace) -> None:
     """No OMP_NUM_THREADS banner (set the value torchrun would, silently) and no agent log lines."""
     if "OMP_NUM_THREADS" not in os.environ:
         try:
@@ -347,7 +382,7 @@ def _quiet_torchrun(args) -> None:
             logger.setLevel(logging.CRITICAL)
 
 
-def _one_line(failure) -> str:
+def _one_line(failure: ProcessFailure) -> str:
     """What a failed worker reported (its exception, or the signal that ended it), on one line."""
     message = failure.message
     if isinstance(message, dict):

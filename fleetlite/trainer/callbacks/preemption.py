@@ -37,12 +37,27 @@ A SIGINT within ``_REPEAT_S`` of the first is that echo and is ignored; a
 later one is the user pressing again: the handlers are restored and
 ``KeyboardInterrupt`` stops the rank at once (no checkpoint).
 
+Note [SLURM requeue]
+SLURM warns a job before its time limit with the signal ``--signal=USR1@90``
+asks for (90 s before). Under SLURM (``SLURM_JOB_ID`` set) SIGUSR1 is handled
+by default like SIGTERM: every rank stops after the same step and the
+checkpoint is written. Then, once ``fit``'s saves have finished (``close``),
+global rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` (as Lightning's
+auto-requeue): SLURM ends the job and queues it again with the same id, and
+the new run continues with ``resume=auto``. ``requeue=None`` (default) does
+this for SIGUSR1 only (the time limit; a SIGTERM is ``scancel`` or the
+scheduler's own pre-emption, which requeues by itself when configured);
+``True`` for any handled signal; ``False`` never. A fit that failed is not
+requeued.
+
 Public through :mod:`fleetlite.callbacks`.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -54,6 +69,7 @@ import torch.distributed as tdist
 
 from ...distributed import collective
 from ...distributed.agreement import side_group
+from ...distributed.cluster import requeue_slurm_job, slurm_job_id
 from .base import Callback, is_rank_zero
 from .model_checkpoint import ModelCheckpoint
 
@@ -68,8 +84,8 @@ class Preemption(Callback):
 
     Args:
         signals: signal names to handle (default SIGTERM and SIGINT, Ctrl-C: a
-            second Ctrl-C stops at once; SLURM users may add ``"SIGUSR1"`` with
-            ``--signal=USR1@60``).
+            second Ctrl-C stops at once; in a SLURM job also SIGUSR1, what
+            ``#SBATCH --signal=USR1@90`` sends before the time limit).
         save_dir: where to write ``step-NNNNNNNN.pt`` (+ ``latest.pt``) when no
             ``ModelCheckpoint(save_last=True)`` is among the callbacks; default
             ``fit(save_dir=...)``. Without either, training stops without a
@@ -77,6 +93,9 @@ class Preemption(Callback):
         check_interval_s: how often (in training time) the ranks agree on whether to stop: a stop comes at
             most about twice this after the signal reached every rank, plus two steps. 0: every optimizer step.
         verbose: print one line on rank 0 when training stops for a signal.
+        requeue: in a SLURM job, after the checkpoint, rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` so
+            the job starts again and continues (``resume=auto``). None: after SIGUSR1 (the time limit) only;
+            True: after any handled signal; False: never (Note [SLURM requeue]).
 
     After ``fit`` returns, ``trainer.preempted`` is the signal's name (else
     None): exit then, and continue later with ``fit(..., resume="latest")``.
@@ -89,14 +108,20 @@ class Preemption(Callback):
             raise SystemExit(143)   # 128 + SIGTERM: the job did not finish
     """
 
-    def __init__(self, signals: tuple[str, ...] | list[str] = ("SIGTERM", "SIGINT"), save_dir: str | None = None,
-                 check_interval_s: float = 0.25, verbose: int = 1) -> None:
+    def __init__(self, signals: tuple[str, ...] | list[str] | None = None, save_dir: str | None = None,
+                 check_interval_s: float = 0.25, verbose: int = 1, requeue: bool | None = None) -> None:
         super().__init__()
         if isinstance(check_interval_s, bool) or not isinstance(check_interval_s, (int, float)) \
                 or not 0 <= check_interval_s <= 60:
             raise ValueError(f"Preemption(check_interval_s={check_interval_s!r}) must be seconds in [0, 60]; 0 "
                              "agrees at every optimizer step")
         self.check_interval_s = float(check_interval_s)
+        if signals is None:  # SLURM's time-limit warning too, in a SLURM job (Note [SLURM requeue])
+            signals = ("SIGTERM", "SIGINT", "SIGUSR1") if slurm_job_id(os.environ) else ("SIGTERM", "SIGINT")
+        if requeue not in (None, True, False):
+            raise ValueError(f"Preemption(requeue={requeue!r}) must be None (after SIGUSR1), True or False")
+        self.requeue = requeue
+        self._failed = False
         names = [signals] if isinstance(signals, str) else list(signals)
         bad = [n for n in names if not isinstance(getattr(signal, str(n), None), signal.Signals)]
         if bad or not names:
@@ -202,7 +227,7 @@ class Preemption(Callback):
         return None if d is None else Path(d)
 
     def on_train_begin(self, logs=None):
-        self.received, self._stop_step, self._work = None, None, None
+        self.received, self._stop_step, self._work, self._failed = None, None, None, False
         self._boundaries, self._next_poll, self._last_poll = 0, 1, (time.perf_counter(), 0)
         t = self.trainer
         t.preempted = None
@@ -222,11 +247,25 @@ class Preemption(Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._check(boundary=False)  # every rank polls here too (evaluation may have taken a while)
 
+    def on_exception(self, error: BaseException) -> None:
+        self._failed = True
+
     def close(self) -> None:
-        """Restore the previous signal handlers (``fit`` calls it also when training fails)."""
+        """Restore the previous signal handlers and, when due, requeue the SLURM job (``fit`` calls it last, after
+        its saves finished, also when training fails)."""
         self._uninstall()
         self._work = None
         self._group = None
+        if self._stop_step is not None and not self._failed and self._requeue_due() and is_rank_zero():
+            _, line = requeue_slurm_job(os.environ)
+            print(f"fleetlite: {line}", file=sys.stderr, flush=True)
+        self._failed = False
+
+    def _requeue_due(self) -> bool:
+        """Note [SLURM requeue]: whether this stop puts the job back in SLURM's queue."""
+        if self.requeue is False or slurm_job_id(os.environ) is None:
+            return False
+        return self.requeue is True or self.received == "SIGUSR1"
 
     def on_train_end(self, logs=None):
         # a signal that came too late for a poll still counts, on every rank: the caller must not start more

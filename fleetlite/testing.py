@@ -101,6 +101,18 @@ def _server(rank: int):
     return server
 
 
+def _servers_ready(world_size: int) -> None:
+    """Start the servers of ranks ``0..world_size-1`` (their imports run side by side) and wait until each has
+    forked once: ranks then start together, as a short rendezvous timeout in a test expects."""
+    new = [r for r in range(world_size) if r not in _SERVERS]
+    for r in new:
+        _server(r)
+    for r in new:
+        probe = _context().Process(target=os.getpid, daemon=True)
+        _start(probe, r)
+        probe.join()
+
+
 def _start(proc, rank: int) -> None:
     """``proc.start()`` through rank ``rank``'s fork server (multiprocessing knows one per process)."""
     from multiprocessing import forkserver
@@ -213,6 +225,7 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
                                               results, rank_env, init, filters), daemon=True)
         for r in range(world_size)
     ]
+    _servers_ready(world_size)
     for r, p in enumerate(procs):
         _start(p, r)
     deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,26 @@ LAUNCHER_VARS = (
     "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
     "FLAGS_selected_gpus", "PADDLE_DISTRI_BACKEND", "FLEETLITE_COLLECTIVE_TIMEOUT",
 )
+
+
+#: The Paddle documentation programs ported to fleetlite: ``shared/examples`` beside the checkout (CI clones the
+#: repository with ``shared/`` next to it).
+EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "examples"
+
+
+def find_examples(path: Path = EXAMPLES) -> Path:
+    """``path`` when it is a folder; missing, a failure under CI (``CI`` set: its clone has them), else a skip."""
+    if not path.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"the examples are missing at {path}: CI clones with shared/ beside it", pytrace=False)
+        pytest.skip(f"examples not found at {path} (shared/examples beside the checkout)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def examples_dir() -> Path:
+    """``shared/examples`` beside the checkout (:func:`find_examples`)."""
+    return find_examples()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ test the process state the session started with (Note [test isolation])."""
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing.util
 import os
 import shutil
@@ -153,3 +154,23 @@ def test_a_later_file_sees_nothing_of_what_an_earlier_one_changed(tmp_path):
     assert "5 failed, 1 passed" in without.stdout, without.stdout[-3000:] + without.stderr[-3000:]
     isolated = _run_two_files(tmp_path / "suite", with_conftest=True)
     assert isolated.returncode == 0 and "6 passed" in isolated.stdout, isolated.stdout[-3000:] + isolated.stderr
+
+
+# -- the shared examples ---------------------------------------------------------------------------------------
+def _suite_conftest():
+    spec = importlib.util.spec_from_file_location("suite_conftest", TESTS / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_missing_examples_fail_under_ci_and_skip_elsewhere(tmp_path, monkeypatch):
+    conftest = _suite_conftest()
+    assert conftest.EXAMPLES == TESTS.parent.parent / "shared" / "examples"  # beside the checkout, not a fixed path
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="the examples are missing at .*: CI clones with shared/"):
+        conftest.find_examples(tmp_path / "missing")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="examples not found"):
+        conftest.find_examples(tmp_path / "missing")
+    assert conftest.find_examples(tmp_path) == tmp_path

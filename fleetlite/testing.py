@@ -152,9 +152,10 @@ def _collectives_issued(p2p: dict[int, int]) -> dict[str, int]:
 
     issued = {}
     for group, name in list(c10d._world.pg_names.items()):
-        try:
-            issued[name] = group._get_sequence_number_for_group() - p2p.get(id(group), 0)
-        except Exception:  # noqa: BLE001 - a backend without sequence numbers: not checked
+        try:  # gloo only: its sequence number counts point-to-point operations too, NCCL's counts them apart
+            if c10d.get_backend(group) == "gloo":
+                issued[name] = group._get_sequence_number_for_group() - p2p.get(id(group), 0)
+        except Exception:  # noqa: BLE001 - a group without sequence numbers: not checked
             continue
     return issued
 

@@ -32,12 +32,13 @@ def _async_on_rank_zero_only(rank, world):
 def _matched_collectives_and_p2p(rank, world):
     t = torch.ones(1)
     tdist.all_reduce(t)
-    if rank == 0:
-        tdist.send(t, 1)
-    else:
-        tdist.recv(t, 0)
+    if rank + 1 < world:  # a pipeline's chain: the middle rank sends and receives, the ends do one of them
+        tdist.send(t, rank + 1)
+    if rank > 0:
+        tdist.recv(t, rank - 1)
     sub = tdist.new_group([0, 1])
-    tdist.all_reduce(t, group=sub, async_op=True).wait()
+    if rank in (0, 1):
+        tdist.all_reduce(t, group=sub, async_op=True).wait()
     return t.item()
 
 
@@ -46,7 +47,8 @@ def test_a_collective_issued_on_one_rank_only_fails():
     with pytest.raises(RankFailure, match=r"different numbers of collectives on process group '0': rank 0: 1, "
                                           r"rank 1: 0"):
         run_ranks(_async_on_rank_zero_only, timeout=100)
-    assert run_ranks(_matched_collectives_and_p2p, timeout=100) == [4.0, 4.0]  # sends and recvs pair up
+    # point-to-point operations advance a group's count unevenly, and are not collectives: no failure
+    assert run_ranks(_matched_collectives_and_p2p, world_size=3, timeout=100) == [6.0, 6.0, 3.0]
 
 
 def _exit_7_after_returning(rank, world):

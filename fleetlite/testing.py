@@ -70,6 +70,7 @@ def free_port() -> int:
 
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "fleetlite.distributed"]
 _SERVERS: dict[int, object] = {}  # rank -> its fork server
+_HASH_BASE = random.SystemRandom().randrange(2**32 - 1)  # this session's; rank r's servers get base + r
 
 
 def _context():
@@ -90,7 +91,7 @@ def _server(rank: int):
         server = _SERVERS[rank] = forkserver.ForkServer()
         server.set_forkserver_preload(_PRELOAD)
         saved = os.environ.get("PYTHONHASHSEED")
-        os.environ["PYTHONHASHSEED"] = str(random.SystemRandom().randrange(1, 2**32 - 1))
+        os.environ["PYTHONHASHSEED"] = str((_HASH_BASE + rank) % (2**32 - 1) + 1)  # distinct per rank, never 0
         try:
             server.ensure_running()
         finally:

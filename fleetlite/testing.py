@@ -20,12 +20,15 @@ from __future__ import annotations
 import io
 import multiprocessing as _mp
 import os
+import pickle
 import queue
+import random
 import signal
 import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 import torch
 
@@ -65,22 +68,108 @@ def free_port() -> int:
     return find_free_port()
 
 
-_CTX = None
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "fleetlite.distributed"]
+_SERVERS: dict[int, object] = {}  # rank -> its fork server
+_HASH_BASE = random.SystemRandom().randrange(2**32 - 1)  # this session's; rank r's servers get base + r
 
 
 def _context():
-    global _CTX
-    if _CTX is None:
-        _CTX = _mp.get_context("forkserver")
-        # the fork server imports torch once; every rank is then a cheap fork of a torch-ready process
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "fleetlite.distributed"])
-    return _CTX
+    return _mp.get_context("forkserver")
 
 
-def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
+def _server(rank: int):
+    """Rank ``rank``'s fork server: a process that imported torch once, every rank ``rank`` a cheap fork of it.
+
+    One server per rank index, each started with its own ``PYTHONHASHSEED``: ranks forked from one server
+    would share its string hashes (set and dict-of-str orders alike on every rank), which real launches
+    do not give, and a bug that needs them alike would pass here.
+    """
+    from multiprocessing import forkserver
+
+    server = _SERVERS.get(rank)
+    if server is None:
+        server = _SERVERS[rank] = forkserver.ForkServer()
+        server.set_forkserver_preload(_PRELOAD)
+        saved = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = str((_HASH_BASE + rank) % (2**32 - 1) + 1)  # distinct per rank, never 0
+        try:
+            server.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONHASHSEED"]
+            else:
+                os.environ["PYTHONHASHSEED"] = saved
+    return server
+
+
+def _servers_ready(world_size: int) -> None:
+    """Start the servers of ranks ``0..world_size-1`` (their imports run side by side) and wait until each has
+    forked once: ranks then start together, as a short rendezvous timeout in a test expects."""
+    new = [r for r in range(world_size) if r not in _SERVERS]
+    for r in new:
+        _server(r)
+    for r in new:
+        probe = _context().Process(target=os.getpid, daemon=True)
+        _start(probe, r)
+        probe.join()
+
+
+def _start(proc, rank: int) -> None:
+    """``proc.start()`` through rank ``rank``'s fork server (multiprocessing knows one per process)."""
+    from multiprocessing import forkserver
+
+    connect = forkserver.connect_to_new_process
+    forkserver.connect_to_new_process = _server(rank).connect_to_new_process
+    try:
+        proc.start()
+    finally:
+        forkserver.connect_to_new_process = connect
+
+
+def _count_p2p() -> dict[int, int]:
+    """Count point-to-point operations per process group (they advance a group's sequence number too)."""
+    pg_class = torch._C._distributed_c10d.ProcessGroup
+    counts: dict[int, int] = {}
+
+    def counting(name):
+        inner = getattr(pg_class, name)
+
+        def op(self, *args, **kwargs):
+            counts[id(self)] = counts.get(id(self), 0) + 1
+            return inner(self, *args, **kwargs)
+        return op
+
+    for name in ("send", "recv", "recv_anysource"):
+        if hasattr(pg_class, name):
+            setattr(pg_class, name, counting(name))
+    return counts
+
+
+def _collectives_issued(p2p: dict[int, int]) -> dict[str, int]:
+    """Collectives this rank issued on each process group it belongs to, by the group's name."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {}
+    from torch.distributed import distributed_c10d as c10d
+
+    issued = {}
+    for group, name in list(c10d._world.pg_names.items()):
+        try:  # gloo only: its sequence number counts point-to-point operations too, NCCL's counts them apart
+            if c10d.get_backend(group) == "gloo":
+                issued[name] = group._get_sequence_number_for_group() - p2p.get(id(group), 0)
+        except Exception:  # noqa: BLE001 - a group without sequence numbers: not checked
+            continue
+    return issued
+
+
+def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, filters):
+    # the parent's environment and warning filters of this moment, not the fork server's of its start
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(worker_env(rank, world_size, "127.0.0.1", port))
+    warnings.filters[:] = filters
+    warnings._filters_mutated()
     torch.set_num_threads(1)
+    p2p = _count_p2p()
     try:
         if init:
             dist.init_parallel_env(backend="gloo")
@@ -88,7 +177,7 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
         # serialise here: tensors sent through the queue as shared memory die with this process
         buf = io.BytesIO()
         torch.save(out, buf)
-        results.put((rank, "ok", buf.getvalue()))
+        results.put((rank, "ok", (buf.getvalue(), _collectives_issued(p2p))))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -96,6 +185,17 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init):
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+def _picklable(filters) -> list:
+    keep = []
+    for f in filters:
+        try:
+            pickle.dumps(f)
+        except Exception:  # noqa: BLE001 - a filter on a class defined in a test: left out
+            continue
+        keep.append(f)
+    return keep
 
 
 def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 120.0,
@@ -107,18 +207,29 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
     return values by rank. With ``expect_failure=True`` returns a dict
     ``{rank: ("ok", value) | ("error", text)}`` instead of raising, for tests
     that check how ranks fail.
+
+    Each rank starts with this process's environment as it is now (updated
+    with ``env``), its warning filters (the suite's ``error::Warning:fleetlite``
+    holds inside ranks too) and a hash seed of its own. Unless
+    ``expect_failure``, it is also a failure when ranks did not issue the same
+    number of collectives on a group they share (one rank's collective, e.g. an
+    async one never waited on, was never matched), or when a rank that
+    returned its result then exits with a non-zero code or does not exit.
     """
     timeout = timeout * timeout_scale()
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
+    rank_env = {**os.environ, **(env or {})}
+    filters = _picklable(warnings.filters)
     procs = [
         ctx.Process(target=_rank_main, args=(r, world_size, port, fn, tuple(args), dict(kwargs or {}),
-                                              results, dict(env or {}), init), daemon=True)
+                                              results, rank_env, init, filters), daemon=True)
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    _servers_ready(world_size)
+    for r, p in enumerate(procs):
+        _start(p, r)
     deadline = time.monotonic() + timeout
     got: dict[int, tuple[str, object]] = {}
     try:
@@ -151,6 +262,8 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
             got[rank] = (status, value)
             if status == "error" and not expect_failure:
                 break
+        if not expect_failure and all(s == "ok" for s, _ in got.values()):
+            _check_exits(procs, deadline, timeout)
     finally:
         for p in procs:
             p.join(timeout=5 if len(got) == world_size else 0.5)
@@ -159,12 +272,42 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
                 p.kill()
                 p.join(timeout=5)
     if expect_failure:
-        return {r: (s, _decode(v) if s == "ok" else v) for r, (s, v) in got.items()}
+        return {r: (s, _decode(v[0]) if s == "ok" else v) for r, (s, v) in got.items()}
     for rank in sorted(got):
         status, value = got[rank]
         if status == "error":
             raise RankFailure(f"rank {rank} failed:\n{value}", rank)
-    return [_decode(got[r][1]) for r in range(world_size)]
+    _check_collectives({r: got[r][1][1] for r in range(world_size)})
+    return [_decode(got[r][1][0]) for r in range(world_size)]
+
+
+def _check_exits(procs, deadline: float, timeout: float) -> None:
+    """Every rank returned: each must also exit, with code 0 (a crash in teardown is a failure too)."""
+    for rank, p in enumerate(procs):
+        p.join(timeout=max(deadline - time.monotonic(), 0.1))
+        if p.exitcode is None:
+            raise TimeoutError(f"rank {rank} returned its result but did not exit within {timeout:.0f} s "
+                               "(a hang in teardown: a collective still waiting for its peers?)")
+        if p.exitcode != 0:
+            raise RankFailure(f"rank {rank} returned its result but then exited with code {p.exitcode} "
+                              "(a crash after fn returned: in teardown, an exit hook or a thread)", rank)
+
+
+def _check_collectives(issued: dict[int, dict[str, int]]) -> None:
+    """Every rank of a group issued as many collectives on it as the others (a collective on some ranks only
+    is one its peers never matched: a real job hangs on it, or it pairs with the wrong call)."""
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, groups in issued.items():
+        for name, count in groups.items():
+            by_group.setdefault(name, {})[rank] = count
+    for name, counts in sorted(by_group.items()):
+        if len(set(counts.values())) > 1:
+            raise RankFailure(
+                f"ranks issued different numbers of collectives on process group {name!r}: "
+                + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+                + "; a collective issued on some ranks only (an async one never waited on, or one behind a "
+                "rank-dependent branch) is never matched: issue it on every rank of the group",
+                min(counts, key=lambda r: counts[r]))
 
 
 def _decode(payload: bytes):

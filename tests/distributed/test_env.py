@@ -250,31 +250,33 @@ def _one_rank_never_joins(rank, world_size, marker):
         while not os.path.exists(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         return None
-    start = time.monotonic()
     try:
         dist.all_reduce(torch.ones(1))
         error = None
     except Exception as e:  # noqa: BLE001 - the test inspects what came out
         error = (type(e).__name__, str(e))
-    elapsed = time.monotonic() - start
     with open(marker, "w"):
         pass
-    return {"error": error, "elapsed": elapsed}
+    return {"error": error}
 
 
 @pytest.mark.timeout(60)
 def test_collective_timeout_turns_a_missing_peer_into_an_error(tmp_path):
     timeout_s = 3.0
+    # expect_failure: rank 0's all_reduce is one rank 1 never matches, which run_ranks otherwise reports
     out = run_ranks(_one_rank_never_joins, world_size=2, args=(str(tmp_path / "reported"),),
-                    env={"FLEETLITE_COLLECTIVE_TIMEOUT": str(timeout_s)}, timeout=50)
-    survivor = out[0]
+                    env={"FLEETLITE_COLLECTIVE_TIMEOUT": str(timeout_s)}, timeout=50, expect_failure=True)
+    assert out[1] == ("ok", None), out
+    status, survivor = out[0]
+    assert status == "ok", survivor
     assert survivor["error"] is not None, "all_reduce returned although rank 1 never joined"
     name, message = survivor["error"]
     assert name == "CollectiveError"
     assert "all_reduce failed on rank 0 of 2" in message and "(3 s)" in message
     assert "FLEETLITE_COLLECTIVE_TIMEOUT" in message
-    # it waited for the configured timeout (not an instant failure), and not for the 600 s default
-    assert 0.8 * timeout_s <= survivor["elapsed"] < 45
+    # it waited for the configured timeout, not an instant failure nor the 600 s default: gloo's own words
+    # (an order of events rather than a measured duration, which load stretches)
+    assert f"Timed out waiting {int(timeout_s * 1000)}ms" in message
 
 
 def test_docstring_examples_run(clean_dist_env):

@@ -9,6 +9,9 @@ Environment:
     FAULT_DIR      where to write pid-<rank> (every worker), killed-at (the victim, just before failing),
                    step (rank 0: the last finished optimizer step) and caught-at (a rank that saw an error)
     FAULT_SLEEP    seconds to sleep after each optimizer step on rank 0 (time for a test to send a signal)
+    FAULT_HOLD     STEP:SIGNAL, e.g. 4:SIGTERM: rank 0 waits after optimizer step STEP until it has received
+                   SIGNAL (the test sends it once `step` says STEP), so the signal comes before training ends
+                   whatever the machine's load
 """
 
 import os
@@ -28,6 +31,30 @@ def _write(name: str, text: str) -> None:
     os.replace(tmp, OUT / name)
 
 
+def _catch(signum: int):
+    """Note each ``signum`` from now on (then passed on to the handler there was); returns the notes list."""
+    got, before = [], signal.getsignal(signum)
+
+    def note(sig, frame):
+        got.append(sig)
+        if callable(before):
+            before(sig, frame)
+
+    signal.signal(signum, note)
+    return got, signum, before
+
+
+def _wait_for(caught, timeout: float = 300.0) -> None:
+    """Block until the signal ``caught`` notes has come (or ``timeout`` s), then put its handler back."""
+    got, signum, before = caught
+    deadline = time.monotonic() + timeout
+    try:
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        signal.signal(signum, before)
+
+
 def _injector():
     from fleetlite.callbacks import Callback
     from fleetlite.distributed import get_rank
@@ -36,6 +63,7 @@ def _injector():
     victim, at = int(os.environ.get("FAULT_RANK", "1")), int(os.environ.get("FAULT_STEP", "3"))
     armed = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == os.environ.get("FAULT_RESTART", "0")
     pause = float(os.environ.get("FAULT_SLEEP", "0"))
+    hold_step, _, hold_signal = os.environ.get("FAULT_HOLD", "-1:").partition(":")
 
     class Inject(Callback):
         def on_train_begin(self, logs=None):
@@ -52,8 +80,12 @@ def _injector():
 
         def on_train_batch_end(self, step, logs=None):
             if get_rank() == 0 and self.trainer.at_step_boundary:
+                hold = self.trainer.global_step == int(hold_step)
+                caught = _catch(getattr(signal, hold_signal)) if hold else None  # before the test can see `step`
                 _write("step", str(self.trainer.global_step))
                 time.sleep(pause)
+                if caught:
+                    _wait_for(caught)
 
     return Inject()
 

@@ -83,7 +83,8 @@ def _wait_for_step(path, at_least: int, proc, timeout: float = 90) -> int:
 @pytest.mark.timeout(150)
 def test_sigterm_to_launch_checkpoints_exits_cleanly_and_resumes_bit_identical(tmp_path, straight_run):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, **launch_env(FAULT_DIR=str(tmp_path), FAULT_SLEEP="0.25"))
+    # rank 0 holds after step 4 until the signal is there: it comes before training ends, whatever the load
+    env = dict(os.environ, **launch_env(FAULT_DIR=str(tmp_path), FAULT_HOLD="4:SIGTERM"))
     cmd = [sys.executable, "-m", "fleetlite.cli", "launch", "--nproc_per_node", "2", str(WRAPPER), *RECIPE_ARGS,
            f"run_dir={run_dir}", "resume=auto"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -101,7 +102,7 @@ def test_sigterm_to_launch_checkpoints_exits_cleanly_and_resumes_bit_identical(t
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "fleetlite launch: stopped by SIGTERM" in err and "Traceback" not in err
     stop = int(out.split("SIGTERM received: every rank stops after optimizer step ")[1].split(";")[0])
-    assert 4 <= stop < STEPS
+    assert 4 <= stop < STEPS  # rank 0 held after step 4 until the signal came: it stopped before the end
     assert f"pre-empted (SIGTERM) after optimizer step {stop}: checkpoint in {run_dir}/checkpoints" in out
     saved = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
     assert saved["progress"]["global_step"] == stop
@@ -157,7 +158,7 @@ def test_ctrl_c_is_handled_like_sigterm_and_a_second_one_stops_at_once(tmp_path)
 @pytest.mark.timeout(150)
 def test_ctrl_c_to_launch_stops_every_rank_after_the_same_step_with_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, **launch_env(FAULT_DIR=str(tmp_path), FAULT_SLEEP="0.25"))
+    env = dict(os.environ, **launch_env(FAULT_DIR=str(tmp_path), FAULT_HOLD="3:SIGINT"))
     cmd = [sys.executable, "-m", "fleetlite.cli", "launch", "--nproc_per_node", "2", str(WRAPPER), *RECIPE_ARGS,
            f"run_dir={run_dir}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -144,7 +144,7 @@ def test_resume_latest_without_checkpoint_and_missing_path(tmp_path):
         choose_resume_checkpoint(str(tmp_path / "nope.pt"), tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere (the EACCES test below runs as root too)")
 def test_unwritable_run_dir(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -154,6 +154,24 @@ def test_unwritable_run_dir(tmp_path):
             check_run_dir(locked / "run")
     finally:
         locked.chmod(0o700)
+
+
+def test_a_run_dir_the_os_refuses_to_write_is_a_config_error(tmp_path, monkeypatch):
+    """What a read-only folder does to a user who is not root (CI runs as root, whom the mode bits do not stop):
+    the kernel's EACCES on creating the probe file."""
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    def refusing_open(file, mode="r", *args, **kwargs):
+        if "w" in mode and str(file).startswith(str(tmp_path / "locked")):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing_open)
+    with pytest.raises(ConfigError, match=r"run_dir=.*locked/run is not writable \(Permission denied\): choose a "):
+        check_run_dir(tmp_path / "locked" / "run")
 
 
 def test_run_dir_under_a_file_is_not_writable(tmp_path):

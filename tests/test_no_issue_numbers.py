@@ -1,5 +1,5 @@
 """No internal issue numbers in what users read: messages, comments and docstrings of the package, its configs,
-the docs site, the README and CONTRIBUTING ("planned: issue 24" meant nothing to a user). Upstream references
+the docs site, the README and CONTRIBUTING. Upstream references
 (``pytorch/pytorch#141868``, a URL) are fine: they name where to look."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 23 item 12: a crafted DCP directory runs no code (torch reads .metadata with plain pickle.load)."""
+"""A crafted DCP directory runs no code (torch reads .metadata with plain pickle.load)."""
 
 import pickle
 

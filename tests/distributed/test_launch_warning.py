@@ -1,6 +1,6 @@
 """`fleetlite launch` warns when it starts more processes than the node has GPUs (or, without one, CPU cores).
 
-Reference: issue 23's report, `--nproc_per_node 256` on 2 cores started without a word and thrashed for minutes.
+Reference: a user's report, `--nproc_per_node 256` on 2 cores started without a word and thrashed for minutes.
 """
 
 from __future__ import annotations

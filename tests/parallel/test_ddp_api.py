@@ -1,4 +1,4 @@
-"""Issue 18: torch DDP's constructor, static_graph, join(), comm hooks and channels-last, against torch DDP."""
+"""Torch DDP's constructor, static_graph, join(), comm hooks and channels-last, against torch DDP."""
 
 import sys
 import threading

@@ -1,4 +1,4 @@
-"""Issue 18, items 1-6: patterns from torch DDP's own tests, fleetlite against torch DDP on 2 gloo ranks."""
+"""Patterns from torch DDP's own tests, fleetlite against torch DDP on 2 gloo ranks."""
 
 import copy
 import io

@@ -153,5 +153,6 @@ def test_offline_cifar10_is_one_short_line_naming_data_synthetic(tmp_path, monke
     with pytest.raises(ConfigError) as e:
         build_data(cfg.data, cfg.trainer, torch.device("cpu"))
     message = str(e.value)
-    assert "\n" not in message and len(message) <= 300, (len(message), message)
+    # short apart from the data root, whose length is the machine's (the old message was ~800 characters)
+    assert "\n" not in message and len(message.replace(str(tmp_path), "ROOT")) <= 300, (len(message), message)
     assert "URLError" in message and message.endswith("run offline with data=synthetic")

@@ -191,7 +191,7 @@ def test_airbench_experiment_sets_every_group_it_names():
 
 
 def test_the_strategy_schema_is_the_strategy_table():
-    """Issue 12 item 4: the recipe's strategy group has DistributedStrategy's fields, types and defaults, generated
+    """The recipe's strategy group has DistributedStrategy's fields, types and defaults, generated
     from its one table (a field added there appears here, with its default)."""
     from fleetlite.distributed.fleet import DistributedStrategy
     from fleetlite.recipe.schema import StrategyConfig

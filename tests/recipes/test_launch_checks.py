@@ -1,4 +1,4 @@
-"""Config mistakes under `fleetlite run --nproc_per_node N` (issue 23 item 11) and the recipe's batch rule.
+"""Config mistakes under `fleetlite run --nproc_per_node N` and the recipe's batch rule.
 
 Reference: the single-process run, which refuses a config mistake with ONE `error:` line and exit status 2; under
 N ranks the answer must be the same line and status, whatever N (before, each rank failed and the launcher printed

@@ -1,4 +1,4 @@
-"""The recipe under the mistakes and failures of issue 13: one `error:` line each, the details in the run log.
+"""The recipe under the mistakes and failures a new user meets: one `error:` line each, the details in the run log.
 
 Each runs recipes/cifar10.py in a subprocess on tiny synthetic data."""
 

@@ -1,4 +1,4 @@
-"""The recipe resolves each thing once (issue 12 item 3): a resume reads its checkpoint file once (chosen,
+"""The recipe resolves each thing once: a resume reads its checkpoint file once (chosen,
 CRC-checked and loaded one time) and the config is composed once.
 
 The recipe runs in a subprocess whose ``torch.load`` and ``ZipFile.testzip`` (the CRC pass) count the calls on

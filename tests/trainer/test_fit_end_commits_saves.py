@@ -1,4 +1,4 @@
-"""Issue 23 item 2: every way a fit ends settles an asynchronous save in flight (Note [saves in flight]): a stop on
+"""Every way a fit ends settles an asynchronous save in flight (Note [saves in flight]): a stop on
 a non-finite loss (TerminateOnNaN, either ``raise_error``) and ``stop_training`` commit it and point ``latest`` at
 it; another exception leaves it uncommitted and says so."""
 

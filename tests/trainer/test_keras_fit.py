@@ -113,7 +113,7 @@ def test_eval_steps_evaluates_inside_epochs_without_disturbing_training():
 
 
 def test_evaluate_and_predict_take_keras_positional_order():
-    """Issue 23 item 10: Keras' evaluate(x, y, batch_size, verbose, sample_weight, steps, ...) and
+    """Keras' evaluate(x, y, batch_size, verbose, sample_weight, steps, ...) and
     predict(x, batch_size, verbose, steps, ...): evaluate(x, y, batch_size=128) raised "multiple values for
     'batch_size'", and evaluate(x, y, 128) silently took 128 as log_freq."""
     from fleetlite.trainer.metrics import Accuracy
@@ -136,7 +136,7 @@ def test_evaluate_and_predict_take_keras_positional_order():
 
 
 def test_save_top_k_writes_directories_in_a_dcp_run(tmp_path):
-    """Issue 23 friction: save_top_k wrote .pt files in a run that checkpoints to DCP directories."""
+    """Save_top_k wrote .pt files in a run that checkpoints to DCP directories."""
     import os
 
     from fleetlite.checkpoint import is_checkpoint_dir

@@ -1,5 +1,5 @@
 """``Model.prepare(amp_configs=...)`` refuses what Paddle's ``Model._prepare_amp`` refuses, with its exception type
-and message (issue 24, "hapi, the remaining cases"): ``use_fp16_guard`` is static-graph only, so a dynamic-mode
+and message: ``use_fp16_guard`` is static-graph only, so a dynamic-mode
 (eager) ``prepare`` raises ``ValueError``; ``use_pure_fp16`` is refused; with level O0, or no key but the level,
 nothing else is checked."""
 

@@ -1,4 +1,4 @@
-"""fleetlite.Model's files (issue 23, items 9 and 12): ``save(p, training=False)`` then ``load(p)`` works, and every
+"""Fleetlite.Model's files: ``save(p, training=False)`` then ``load(p)`` works, and every
 loader reads with ``weights_only=True``: a crafted ``.pdparams``, ``.pdopt`` or ``.pt`` runs no code."""
 
 import builtins

@@ -1,6 +1,6 @@
 """``fleetlite.Model`` takes Paddle's ``[N, 1]`` integer labels with torch's class-index losses
-(``nn.CrossEntropyLoss``, ``nn.NLLLoss``, ``F.cross_entropy``), as Paddle's ``CrossEntropyLoss`` takes them
-(issue 24): training, evaluation and the batch methods equal the same run with ``[N]`` labels."""
+(``nn.CrossEntropyLoss``, ``nn.NLLLoss``, ``F.cross_entropy``), as Paddle's ``CrossEntropyLoss`` takes them:
+training, evaluation and the batch methods equal the same run with ``[N]`` labels."""
 
 import numpy as np
 import pytest

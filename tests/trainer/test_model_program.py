@@ -1,5 +1,5 @@
-"""``fleetlite.Model.save(path, training=False)`` writes a deployable inference program (issue 24, "hapi, the
-remaining cases"), as Paddle's ``paddle.jit.save`` does: ``{path}.pt2`` is a ``torch.export`` program that a
+"""``fleetlite.Model.save(path, training=False)`` writes a deployable inference program, as Paddle's
+``paddle.jit.save`` does: ``{path}.pt2`` is a ``torch.export`` program that a
 fresh process runs without the model's class, and its outputs equal ``predict_batch``."""
 
 import subprocess

@@ -1,4 +1,4 @@
-"""fleetlite.Model under sharding stages 1, 2 and 3 (issue 23, item 3): ``fit(..., save_dir=d)``, ``save(path)``
+"""Fleetlite.Model under sharding stages 1, 2 and 3: ``fit(..., save_dir=d)``, ``save(path)``
 and ``load(path)`` are collective where they must be (every rank joins the gather of the sharded weights and
 optimizer state, rank 0 writes), so they neither hang nor abort; the files hold the full state, equal to what a
 plain (unsharded) run of the same model saves."""

@@ -1,4 +1,4 @@
-"""A resume runs through at most five modules (issue 22): trainer -> fit_setup -> checkpoint_connector ->
+"""A resume runs through at most five modules: trainer -> fit_setup -> checkpoint_connector ->
 fleetlite.checkpoint -> fit_loop. Traced while the checkpoint is read and put back: the trainer modules whose
 functions run, and every call into the checkpoint code with the fleetlite modules on its stack (the package
 fleetlite.checkpoint counts as one; what a callback's own ``on_train_begin`` does, e.g. ModelCheckpoint checking its

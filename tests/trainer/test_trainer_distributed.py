@@ -78,7 +78,7 @@ def test_two_ranks_match_single_process():
         assert hist["loss"] == pytest.approx(ref_hist["loss"], rel=1e-5)
         assert hist["acc_top1"] == ref_hist["acc_top1"]
         if rank == 0:
-            assert "Epoch 1/2 step 2/5" in text and "Epoch 2/2 done - loss:" in text  # 1-based label (issue 23)
+            assert "Epoch 1/2 step 2/5" in text and "Epoch 2/2 done - loss:" in text  # 1-based label
         else:
             assert text == ""  # progress is printed by rank 0 only
     assert ref_text.count("done") == 2

@@ -1,4 +1,4 @@
-"""Issue 23 item 8: ``Trainer.load`` accepts every checkpoint ``fit`` writes: a checkpoint file, a sharded (DCP)
+"""``Trainer.load`` accepts every checkpoint ``fit`` writes: a checkpoint file, a sharded (DCP)
 checkpoint directory such as ``epoch-0001/``, the ``latest`` pointer of either kind, and the run's checkpoint
 directory (its newest valid checkpoint); the weights equal those of the trained model."""
 

@@ -1,4 +1,4 @@
-"""What a new user and an adversarial tester broke (issue 13), one process: each test reproduces the failure.
+"""What a new user and an adversarial tester broke, one process: each test reproduces the failure.
 
 Wrong numbers or deep tracebacks become clear errors raised before any work; broken checkpoint files
 become ``CheckpointError`` and resume falls back; a finished run resumes to nothing left to train."""
@@ -227,7 +227,7 @@ def test_a_fresh_run_into_an_earlier_runs_save_dir_warns(tmp_path):
 
 
 def test_lr_scheduler_stepped_before_the_optimizer_on_resume_is_silent():
-    """Issue 12 item 8(b): the filter for torch's order heuristic is a regex; it must match torch's message."""
+    """The filter for torch's order heuristic is a regex; it must match torch's message."""
     net = mlp()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     cb = fleetlite.trainer.callbacks.LRScheduler(torch.optim.lr_scheduler.StepLR(opt, 1))

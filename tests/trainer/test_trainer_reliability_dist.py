@@ -1,4 +1,4 @@
-"""Issue 13 on two real ranks (gloo, CPU): buffers every rank agrees on after a distributed fit, a plain
+"""Buffers every rank agrees on after a distributed fit, a plain
 DataLoader split across ranks, and a non-finite loss stopping every rank at the same step."""
 
 from __future__ import annotations

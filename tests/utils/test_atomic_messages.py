@@ -1,4 +1,4 @@
-"""Issue 23 frictions: artifacts get the usual file mode, and an unwritable place is explained."""
+"""Artifacts get the usual file mode, and an unwritable place is explained."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""AMP on a CPU device warns once, also through the plain fleet API (issue 13 item 17), not only the Trainer."""
+"""AMP on a CPU device warns once, also through the plain fleet API, not only the Trainer."""
 
 import pytest
 import torch

@@ -78,7 +78,7 @@ def _sharding(rank, world):
             o.step()
             o.zero_grad()
             s.step()
-    full_state = opt.state_dict()  # collective; the full state on rank 0 only (issue 14: not broadcast)
+    full_state = opt.state_dict()  # collective; the full state on rank 0 only
     state_diff = 0.0
     if rank == 0:
         plain = torch.optim.Adam(copy.deepcopy(ref.module).parameters(), lr=1.0)

@@ -12,7 +12,7 @@ def test_paddle_defaults():
     s = DistributedStrategy()
     assert (s.find_unused_parameters, s.fuse_all_reduce_ops, s.fuse_grad_size_in_MB, s.last_comm_group_size_MB) \
         == (False, True, 32, 1)
-    # issue 24: every key of Paddle's *_configs is there too, so the sections are checked key by key (the full
+    # every key of Paddle's *_configs is there too, so the sections are checked key by key (the full
     # default dicts are pinned against distributed_strategy.proto in test_fleet_strategy_paddle.py)
     assert dict(s.amp_configs).items() >= {
         "init_loss_scaling": 32768.0, "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "incr_ratio": 2.0,
@@ -135,7 +135,7 @@ def test_copy_and_pickle():
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"hybrid_configs": {"sep_degree": 2}}, "sep_degree"),  # mp/pp degrees run since issue 25
+    ({"hybrid_configs": {"sep_degree": 2}}, "sep_degree"),  # mp/pp degrees run
     ({"tensor_parallel": True}, "tensor_parallel"),
     ({"sharding": True, "sharding_configs": {"stage": 1, "offload": True}}, "offload"),
     ({"amp": True, "amp_configs": {"use_pure_fp16": True}}, "use_pure_fp16"),

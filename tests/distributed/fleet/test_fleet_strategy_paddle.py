@@ -444,4 +444,4 @@ def test_the_tables_name_only_real_fields():
         assert exists(path), path
     assert not set(REFUSED) & set(NO_EFFECT)
     later = sorted(p for p, r in REFUSED.items() if r.later)
-    assert {"hybrid_configs.sep_degree"} <= set(later)  # mp/pp degrees run since issue 25 (tests/distributed/hybrid)
+    assert {"hybrid_configs.sep_degree"} <= set(later)  # mp/pp degrees run (tests/distributed/hybrid)

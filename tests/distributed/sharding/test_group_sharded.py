@@ -45,7 +45,7 @@ def test_each_level_matches_ddp_and_saves_full_weights(tmp_path):
         for result in results:
             diff, name, scaler, _ = result[level]
             assert diff <= 1e-6 and name == kind and scaler == "DistGradScaler", level
-        # Paddle's files are plain state dicts (issue 23 item 7): Paddle's reload idiom, net.load_state_dict(load(path))
+        # Paddle's files are plain state dicts: Paddle's reload idiom, net.load_state_dict(load(path))
         saved = torch.load(tmp_path / level / "model.pdmodel", weights_only=True)
         assert "format" not in saved and sorted(saved) == sorted(MLP().state_dict())
         plain = MLP()

@@ -1,4 +1,4 @@
-"""``save_group_sharded_model`` writes what Paddle writes (issue 23, item 7): ``model.pdmodel`` and ``model.pdopt``
+"""``save_group_sharded_model`` writes what Paddle writes: ``model.pdmodel`` and ``model.pdopt``
 are plain state dicts (Paddle's ``paddle.save(model._layer.state_dict())`` / ``optimizer._optim.state_dict()``),
 so Paddle's reload idiom ``net.load_state_dict(paddle.load(path))`` works with ``torch.load`` on every rank."""
 

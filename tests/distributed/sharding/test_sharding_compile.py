@@ -1,5 +1,5 @@
 """Trainer(compile=True) under sharding stage 3 trains uncompiled (torch.compile never runs on the FSDP2-sharded
-module: no frame captured), and says so at the start instead of silently (issue 23, item 5)."""
+module: no frame captured), and says so at the start instead of silently."""
 
 import warnings
 

@@ -1,4 +1,4 @@
-"""Issue 23 item 1: under sharding stages 1, 2 and 3 a resumed run's LR scheduler steps the optimizer that trains,
+"""Under sharding stages 1, 2 and 3 a resumed run's LR scheduler steps the optimizer that trains,
 so an interrupted and resumed run ends where the uninterrupted one does (as data parallel does, bit for bit),
 through ``Trainer.fit(resume=...)`` and through a Paddle-style hand loop calling ``opt.load_state_dict``."""
 

@@ -1,4 +1,4 @@
-"""Issue 22 part 4: each face in its own classes. ``fleetlite.Model`` is composed over a Trainer (no subclass, no
+"""Each face in its own classes. ``fleetlite.Model`` is composed over a Trainer (no subclass, no
 mode flag); Paddle's callbacks (``fleetlite.callbacks``) and Keras' (``fleetlite.trainer.callbacks``) each keep
 their own signatures and behaviour, and either kind works under either face: the class decides."""
 

@@ -194,7 +194,7 @@ def test_callback_list_state_keys_and_type_checks():
         C.CallbackList([object()])
     with pytest.warns(UserWarning, match="not passed to fit"):
         cbs.load_state_dict({**cbs.state_dict(), "Gone": {"x": 1}})
-    # issue 22: fleetlite.callbacks is Paddle's namespace, its ModelCheckpoint Paddle's class (was C.ModelCheckpoint)
+    # fleetlite.callbacks is Paddle's namespace, its ModelCheckpoint Paddle's class (was C.ModelCheckpoint)
     assert fleetlite.callbacks.ModelCheckpoint is P.ModelCheckpoint and not math.isnan(0.0)
 
 

@@ -1,4 +1,4 @@
-"""EMA under sharding stages 2 and 3 (issue 23, item 4): ``EMA(...)`` and ``compile(ema_decay=...)`` used to die
+"""EMA under sharding stages 2 and 3: ``EMA(...)`` and ``compile(ema_decay=...)`` used to die
 in ``on_train_begin`` with "FSDP does not support deepcopy". Now the EMA is of the full weights (Note [EMA under
 sharding]) and equals, on every rank, the EMA of the same run under plain data parallel on 2 ranks; evaluation
 with the averaged weights and ``copy_to`` work on the shards."""

@@ -1,4 +1,4 @@
-"""Paddle's ``LRScheduler`` under ``Model.fit(accumulate_grad_batches=k)`` (issue 23, item 6).
+"""Paddle's ``LRScheduler`` under ``Model.fit(accumulate_grad_batches=k)``.
 
 Paddle's rule (``python/paddle/hapi/callbacks.py``): ``LRScheduler.on_train_batch_end`` steps the optimizer's
 scheduler whenever ``by_step`` is set, and ``Model.fit`` calls it after every *batch*, also inside an

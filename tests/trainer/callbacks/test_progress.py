@@ -14,7 +14,7 @@ def test_plain_lines_when_not_a_terminal():
                   log_freq=2)
     lines = out.getvalue().splitlines()
     steps = [ln.split(" - ")[0] for ln in lines]
-    # the printed label is 1-based as Keras and Paddle print it (issue 23, reversing issue 13 item 20): the first
+    # the printed label is 1-based as Keras and Paddle print it: the first
     # of two is "Epoch 1/2"; the epoch numbers in logs and checkpoints stay 0-based
     assert steps == ["Epoch 1/2 step 2/5", "Epoch 1/2 step 4/5", "Epoch 1/2 step 5/5", "Epoch 1/2 done",
                      "Epoch 2/2 step 2/5", "Epoch 2/2 step 4/5", "Epoch 2/2 step 5/5", "Epoch 2/2 done"]

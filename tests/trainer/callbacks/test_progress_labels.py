@@ -1,4 +1,4 @@
-"""The progress lines number epochs from 1 as Keras and Paddle print them ("Epoch 1/3" first of three, issue 23);
+"""The progress lines number epochs from 1 as Keras and Paddle print them;
 the epoch numbers elsewhere (History, callback arguments, the run log's label) stay 0-based."""
 
 import io

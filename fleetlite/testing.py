@@ -161,7 +161,30 @@ def _collectives_issued(p2p: dict[int, int]) -> dict[str, int]:
     return issued
 
 
-def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, filters):
+def _leave_together(rank: int, world_size: int) -> None:
+    """Rank 0 hosts the job's store: it stays until every rank is done with it.
+
+    A rank that finishes early (a refusal, say) would otherwise take the store down while its peers are still
+    building their groups through it ("Connection reset by peer" on those ranks). Bounded by the load-scaled
+    timeout; a rank that never arrives (killed on purpose) only delays rank 0's exit.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    key = "fleetlite/testing/done"
+    try:
+        store = c10d._get_default_store()
+        store.add(key, 1)
+        if rank == 0:
+            deadline = time.monotonic() + 30.0 * timeout_scale()
+            while store.add(key, 0) < world_size and time.monotonic() < deadline:
+                time.sleep(0.02)
+    except Exception:  # noqa: BLE001 - the store is already gone: nothing to wait for
+        pass
+
+
+def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, filters, linger=True):
     # the parent's environment and warning filters of this moment, not the fork server's of its start
     os.environ.clear()
     os.environ.update(env)
@@ -181,6 +204,8 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, fil
     except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
+        if linger:
+            _leave_together(rank, world_size)
         try:
             dist.destroy_process_group()
         except Exception:
@@ -224,7 +249,7 @@ def run_ranks(fn, world_size: int = 2, args=(), kwargs=None, timeout: float = 12
     filters = _picklable(warnings.filters)
     procs = [
         ctx.Process(target=_rank_main, args=(r, world_size, port, fn, tuple(args), dict(kwargs or {}),
-                                              results, rank_env, init, filters), daemon=True)
+                                              results, rank_env, init, filters, not expect_failure), daemon=True)
         for r in range(world_size)
     ]
     _servers_ready(world_size)

@@ -326,10 +326,16 @@ def read_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key
             dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)), no_dist=True)
     weights = {k[len(key) + 1:]: v for k, v in state.items()}
     if model is not None:
-        own = set(model.state_dict())
-        missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
-        if missing or unexpected:
-            raise CheckpointError(path, f"does not fit {type(model).__name__}: missing {missing[:10]}, unexpected "
-                                        f"{unexpected[:10]}")
-        model.load_state_dict(weights, strict=True)
+        load_into(model, weights, path)
     return weights
+
+
+def load_into(model: torch.nn.Module, weights: dict[str, Any], path: Any) -> None:
+    """Load full ``weights`` into ``model`` strictly; a checkpoint of another model is a ``CheckpointError`` naming
+    the missing and unexpected keys (``path``: the checkpoint, for the message)."""
+    own = set(model.state_dict())
+    missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
+    if missing or unexpected:
+        raise CheckpointError(path, f"does not fit {type(model).__name__}: missing {missing[:10]}, unexpected "
+                                    f"{unexpected[:10]}")
+    model.load_state_dict(weights, strict=True)

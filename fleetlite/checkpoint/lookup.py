@@ -242,10 +242,5 @@ def load_full(path: str | os.PathLike, model: torch.nn.Module | None = None, key
         raise CheckpointError(found, f"holds no {key!r} entry (its entries: {sorted(state)[:10]}); pass key=... to "
                                      "read another one")
     if model is not None:
-        own = set(model.state_dict())
-        missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
-        if missing or unexpected:
-            raise CheckpointError(found, f"does not fit {type(model).__name__}: missing {missing[:10]}, unexpected "
-                                         f"{unexpected[:10]}")
-        model.load_state_dict(weights, strict=True)
+        dcp.load_into(model, weights, found)
     return weights

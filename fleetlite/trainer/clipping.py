@@ -36,6 +36,7 @@ from torch import nn
 
 from ..distributed.fleet import get_hybrid_communicate_group
 from ..distributed.fleet.data_group import data_group
+from ..distributed.fleet.gradients import clip_by_global_norm, clip_coefficient, tensor_norms
 from ..distributed.fleet.meta_parallel import is_split
 from ..distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid
 
@@ -64,7 +65,7 @@ class ClipGradByGlobalNorm(ClipGradBase):
         self.auto_skip_clip = auto_skip_clip
 
     def __call__(self, params):
-        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm)
+        clip_by_global_norm(params, self.clip_norm)  # torch's clip_grad_norm_ rule (Note [one gradient rule])
 
 
 class ClipGradByNorm(ClipGradBase):
@@ -133,15 +134,10 @@ def _clip_each_hybrid(params: list[nn.Parameter], clip_norm: float, hcg: Any) ->
     params = [p for p in params if p.grad is not None]
     if not params:
         return
-    sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params])
-    split = torch.tensor([is_split(p) for p in params], device=sq.device)
-    if hcg.get_model_parallel_world_size() > 1:
-        part = torch.where(split, sq, torch.zeros_like(sq))
-        torch.distributed.all_reduce(part, group=hcg.get_model_parallel_group())
-        sq = torch.where(split, part, sq)
-    coef = torch.clamp(clip_norm / (sq.sqrt() + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule, per tensor
-    for p, c in zip(params, coef):
-        p.grad.mul_(c.to(p.grad.dtype))
+    grads = [p.grad for p in params]
+    norms = tensor_norms(grads, [is_split(p) for p in params], hcg.get_model_parallel_group())
+    for g, c in zip(grads, clip_coefficient(norms, clip_norm)):  # torch's clip_grad_norm_ rule, per tensor
+        g.mul_(c.to(g.dtype))
 
 
 def _clip_hybrid(clip: Any, params: list[nn.Parameter], hcg: Any) -> None:

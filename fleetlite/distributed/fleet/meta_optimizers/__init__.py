@@ -17,6 +17,7 @@ import torch.distributed as tdist
 
 from ....parallel.sharded.rebuild import report_steps_to
 from ....utils.user_warning import warn_user
+from ..gradients import GradGroups
 from ._common import ParamNames
 from .dgc import DGCMomentum
 from .lamb import Lamb
@@ -71,8 +72,9 @@ class _Mesh:
         mp = hcg.get_model_parallel_world_size() if hcg is not None else 1
         self.pp = hcg.get_pipe_parallel_world_size() if hcg is not None else 1
         self.hybrid = mp > 1 or self.pp > 1
-        self.mp_group = hcg.get_model_parallel_group() if mp > 1 else None
-        self.data_group = hcg.get_data_parallel_group() if self.hybrid else None
+        groups = GradGroups.of(hcg)  # Note [one gradient rule]: the ranks that average, the slices' group
+        self.mp_group = groups.model
+        self.data_group = groups.data if self.hybrid else None
         self.data_world = hcg.get_data_parallel_world_size() if self.hybrid else _world()
         self.one_rank = (f"the data-parallel group has one rank (mp_degree={mp}, pp_degree={self.pp}, dp_degree=1)"
                          if self.hybrid else "there is one rank")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 import torch.nn as nn
 
+from ..gradients import tensor_norms
 from ..meta_parallel.mp_layers import is_split
 
 _PREFIXES = ("_layers.", "module.", "_orig_mod.")
@@ -69,7 +69,7 @@ class SliceNorms:
     LAMB's trust ratio and LARS' local learning rate take ``||w||`` and the norm of each parameter's update
     (LAMB) or gradient (LARS) over the whole tensor. Under tensor parallelism (``mp_degree`` > 1) a slice
     (``split_axis``) holds a part of it on each model-parallel rank, so its squared norms are summed over the mp
-    group first (one all-reduce per step for all the slices, as the hybrid global-norm clip does); replicated
+    group first (one all-reduce per step for all the slices: ``gradients.tensor_norms``); replicated
     parameters are whole on every rank and take their own norms. The step defers the slices (:meth:`add`) and
     finishes them once :meth:`finish` has their whole-tensor norms.
 
@@ -98,7 +98,6 @@ class SliceNorms:
         deferred, self._deferred = self._deferred, []
         if not deferred:
             return []
-        sq = torch.stack([torch.stack([e[0].float().pow(2).sum(), e[1].float().pow(2).sum()]) for e in deferred])
-        tdist.all_reduce(sq, group=self.group)
-        full = sq.sqrt()
+        tensors = [t for e in deferred for t in e[:2]]
+        full = tensor_norms(tensors, [True] * len(tensors), self.group).view(-1, 2)  # Note [one gradient rule]
         return [(e, full[i, 0].to(e[0].dtype), full[i, 1].to(e[0].dtype)) for i, e in enumerate(deferred)]

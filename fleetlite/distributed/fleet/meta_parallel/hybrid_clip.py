@@ -1,11 +1,9 @@
 """Gradient clipping by global norm across a hybrid mesh (Paddle's ``HybridParallelClipGrad``).
 
 # Note [hybrid global norm]
-The global norm must count every parameter of the full model once. Under tensor parallelism a slice
-(``split_axis``) is distinct on each mp rank, a replicated parameter is the same on every mp rank; under
-pipeline parallelism each stage holds its own parameters; data-parallel replicas hold identical (averaged)
-gradients. So: the slices' squared sums are added over the check group (mp × pp × sep of one dp replica),
-the replicated ones' over the pipe group only, and nothing is added over dp. Every rank then scales by the
+The global norm must count every parameter of the full model once: Note [one gradient rule] in
+``fleetlite.distributed.fleet.gradients`` holds the rule (slices added over mp, stages over pp, shared weights
+once, nothing over dp); this module gives it the HybridCommunicateGroup's groups. Every rank then scales by the
 same coefficient, torch's ``clip_grad_norm_`` rule ``min(1, clip_norm / (norm + 1e-6))``.
 
 With sharding stage 2 (Note [hybrid sharding stage 2]) a rank holds only the gradients it owns (the others
@@ -24,19 +22,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 
+from ..gradients import GradGroups, clip_by_global_norm, global_norm
 from .hybrid_sharding import GRAD_GROUP_ATTR, owned_here
-from .mp_layers import is_split
-from .mp_ops import group_size
 
 __all__ = ["global_norm_hybrid", "clip_grad_norm_hybrid", "HybridParallelClipGrad", "grad_clip_norm_of"]
-
-
-def _sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if not grads:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
 
 
 def _sharded_grad_group(params: list[torch.Tensor]) -> Any:
@@ -44,35 +34,24 @@ def _sharded_grad_group(params: list[torch.Tensor]) -> Any:
     return next((g for p in params if (g := getattr(p, GRAD_GROUP_ATTR, None)) is not None), None)
 
 
-def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
-    """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
+def _counted(params: Iterable[torch.Tensor], hcg: Any) -> tuple[list[torch.Tensor], list[torch.Tensor], GradGroups]:
+    """(all parameters, those the norm counts on this rank, the groups): Note [hybrid global norm]."""
     every = list(params)
     sharded = _sharded_grad_group(every)
-    params = [p for p in (owned_here(every, sharded) if sharded is not None else every) if p.grad is not None]
-    device = params[0].grad.device if params else (every[0].device if every else torch.device("cpu"))
-    split = _sq([p.grad for p in params if is_split(p)], device)
-    replicated = _sq([p.grad for p in params if not is_split(p) and getattr(p, "is_firstly_shared", True)], device)
-    check, pipe = hcg._get_replica_group(), hcg.get_pipe_parallel_group()  # Note [sharding with mp and pp]
-    if check is not None and group_size(check) > 1:
-        tdist.all_reduce(split, group=check)
-    if pipe is not None and group_size(pipe) > 1:
-        tdist.all_reduce(replicated, group=pipe)
-    total = split + replicated
-    if sharded is not None and group_size(sharded) > 1:  # stage 2: each owner adds its gradients once
-        tdist.all_reduce(total, group=sharded)
-    return total.sqrt()
+    counted = owned_here(every, sharded) if sharded is not None else every
+    return every, counted, GradGroups.of(hcg, sharding=sharded)
+
+
+def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
+    """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
+    _, counted, groups = _counted(params, hcg)
+    return global_norm(counted, groups)
 
 
 def clip_grad_norm_hybrid(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
     """Scale every gradient by ``min(1, clip_norm / (global_norm + 1e-6))``; returns the global norm."""
-    params = list(params)
-    norm = global_norm_hybrid(params, hcg)  # (all of them: Note [hybrid global norm] on stage 2)
-    params = [p for p in params if p.grad is not None]
-    coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
-    with torch.no_grad():
-        for p in params:
-            p.grad.mul_(coef.to(p.grad.dtype))
-    return norm
+    every, counted, groups = _counted(params, hcg)
+    return clip_by_global_norm(every, clip_norm, groups, norm_params=counted)
 
 
 def grad_clip_norm_of(clip: Any) -> float | None:

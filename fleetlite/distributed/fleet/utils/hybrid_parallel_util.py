@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as tdist
 
-from ....parallel.comm import allreduce_mean_coalesced, group_size
+from ..gradients import GradGroups, average_gradients
 
 __all__ = ["fused_allreduce_gradients"]
 
@@ -34,13 +33,11 @@ def fused_allreduce_gradients(parameter_list: Iterable[torch.Tensor], hcg=None) 
         opt.step()
     """
     # with sharding the ranks holding the same parameters are dp × sharding (Note [sharding with mp and pp])
-    group = getattr(hcg, "get_data_sharding_parallel_group", hcg.get_data_parallel_group)() if hcg is not None else None
-    params, seen = [], set()
+    group = GradGroups.of(hcg).data if hcg is not None else None
+    params = []
     for p in parameter_list:
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"fused_allreduce_gradients expects parameters (tensors), got {type(p).__name__}")
-        if id(p) in seen:
-            continue
         if hasattr(p, "device_mesh") and hasattr(p, "placements"):  # a DTensor: FSDP2 (sharding stage 2/3)
             raise ValueError("fused_allreduce_gradients got sharded (DTensor) parameters: under sharding stage 2/3 "
                              "FSDP reduce-scatters the gradients itself in backward, so there is nothing to "
@@ -49,19 +46,7 @@ def fused_allreduce_gradients(parameter_list: Iterable[torch.Tensor], hcg=None) 
         if p.grad is not None and p.grad.is_sparse:
             raise ValueError("fused_allreduce_gradients: sparse gradients are not supported; "
                              "use a dense embedding (sparse=False)")
-        seen.add(id(p))
         params.append(p)
-    if group_size(group) == 1:
+    if hcg is not None and group is None:  # one rank holds these parameters: nothing to average
         return
-    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-    if params and params[0].device.type == "cuda":
-        has = has.to(params[0].device)
-    tdist.all_reduce(has, group=group)
-    grads = []
-    for p, n in zip(params, has.tolist()):
-        if n == 0:
-            continue
-        if p.grad is None:  # another rank has a gradient: contribute zeros so the buffers match
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    allreduce_mean_coalesced(grads, group=group, cap_bytes=_FUSE_MB * 1024 * 1024)
+    average_gradients(params, group, agree_missing=True, cap_bytes=_FUSE_MB * 1024 * 1024)

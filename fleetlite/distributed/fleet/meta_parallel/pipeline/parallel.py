@@ -223,19 +223,10 @@ class PipelineParallel(WrappedModel):
         if self.sharded_grads is not None:
             self.sharded_grads.reduce()
             return
-        if self.dp_group is None:
-            return
-        params = [p for p in self._layers.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
-        flat /= td.get_world_size(self.dp_group)
-        td.all_reduce(flat, group=self.dp_group)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
+        if self.dp_group is not None:  # Note [one gradient rule]
+            from ...gradients import average_gradients
+
+            average_gradients([p for p in self._layers.parameters() if p.requires_grad], self.dp_group)
 
     def train_batch(self, data: Sequence[Any], optimizer: torch.optim.Optimizer, lr_scheduler: Any = None,
                     scaler: Any = None) -> torch.Tensor:

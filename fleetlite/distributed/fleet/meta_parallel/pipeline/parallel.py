@@ -278,18 +278,13 @@ class PipelineParallel(WrappedModel):
         if type(clip).__name__ != "ClipGradByGlobalNorm":
             clip(params)
             return
-        if self._hcg is not None and self._hcg.get_model_parallel_world_size() > 1:  # slices: Note [hybrid global norm]
-            from ..hybrid_clip import clip_grad_norm_hybrid
+        from ...gradients import GradGroups, clip_by_global_norm  # Note [one gradient rule]
+        from ..hybrid_clip import clip_grad_norm_hybrid
 
+        if self._hcg is not None:  # slices, stages, stage-2 owners: Note [hybrid global norm]
             clip_grad_norm_hybrid(params, float(clip.clip_norm), self._hcg)
-            return
-        counted = [p.grad.float() for p in params if getattr(p, "is_firstly_shared", True)]
-        sq = torch.stack([g.square().sum() for g in counted]).sum() if counted else \
-            torch.zeros((), device=self._stage.device)
-        td.all_reduce(sq, group=self.pp_group)
-        coef = torch.clamp(float(clip.clip_norm) / (sq.sqrt() + 1e-6), max=1.0)
-        for p in params:
-            p.grad.mul_(coef.to(p.grad.dtype))
+        else:
+            clip_by_global_norm(params, float(clip.clip_norm), GradGroups(pipe=self.pp_group))
 
     def _check_scaler(self, scaler: Any, optimizer: Any) -> tuple[Any, Any]:
         """(the scaler of this batch, the optimizer's AmpHelper when it scales and steps itself, else None).

@@ -190,11 +190,14 @@ def clip_coefficient(norm: torch.Tensor, max_norm: float, eps: float = 1e-6) -> 
 
 @torch.no_grad()
 def _scale(grads: Sequence[torch.Tensor], coef: torch.Tensor) -> None:
-    """Multiply ``grads`` in place by ``coef`` (one value, or one per gradient); a DTensor through its shard."""
-    for i, g in enumerate(grads):
-        c = coef if coef.dim() == 0 else coef[i]
+    """Multiply ``grads`` in place by the one value ``coef``, a DTensor through its shard (one foreach kernel per
+    device and dtype, as torch's ``clip_grad_norm_``)."""
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
         local = _local(g)
-        local.mul_(c.to(device=local.device, dtype=local.dtype))
+        by_kind.setdefault((local.device, local.dtype), []).append(local)
+    for (device, dtype), tensors in by_kind.items():
+        torch._foreach_mul_(tensors, coef.to(device=device, dtype=dtype))
 
 
 def clip_by_global_norm(params: Iterable[torch.Tensor], max_norm: float, groups: GradGroups | None = None,

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as tdist
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet

@@ -48,7 +48,7 @@ import torch.distributed as tdist
 
 from ...parallel.comm import allreduce_mean_coalesced, group_size
 
-__all__ = ["GradGroups", "global_norm", "clip_by_global_norm", "clip_coefficient", "tensor_norms",
+__all__ = ["GradGroups", "data_group_of", "global_norm", "clip_by_global_norm", "clip_coefficient", "tensor_norms",
            "average_gradients"]
 
 _FUSE_BYTES = 128 * 1024 * 1024  # Paddle's fused_allreduce_gradients buffers
@@ -86,9 +86,14 @@ class GradGroups:
         ``sharding``: the stage-2 owners' group, when the gradients are reduced to owners."""
         if hcg is None:
             return cls(sharding=_real(sharding))
-        data = getattr(hcg, "get_data_sharding_parallel_group", hcg.get_data_parallel_group)()
-        return cls(data=_real(data), model=_real(hcg.get_model_parallel_group()),
+        return cls(data=data_group_of(hcg), model=_real(hcg.get_model_parallel_group()),
                    pipe=_real(hcg.get_pipe_parallel_group()), sharding=_real(sharding))
+
+
+def data_group_of(hcg: Any) -> Any:
+    """The ranks that hold the same parameters and read different data, over which gradients are averaged:
+    dp × sharding (Note [sharding with mp and pp]); None when that is one rank."""
+    return _real(getattr(hcg, "get_data_sharding_parallel_group", hcg.get_data_parallel_group)())
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..gradients import GradGroups, average_gradients
+from ..gradients import average_gradients, data_group_of
 
 __all__ = ["fused_allreduce_gradients"]
 
@@ -33,7 +33,7 @@ def fused_allreduce_gradients(parameter_list: Iterable[torch.Tensor], hcg=None) 
         opt.step()
     """
     # with sharding the ranks holding the same parameters are dp × sharding (Note [sharding with mp and pp])
-    group = GradGroups.of(hcg).data if hcg is not None else None
+    group = data_group_of(hcg) if hcg is not None else None
     params = []
     for p in parameter_list:
         if not isinstance(p, torch.Tensor):

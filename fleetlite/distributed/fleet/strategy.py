@@ -35,6 +35,7 @@ from typing import Any
 __all__ = ["DistributedStrategy"]
 
 from . import strategy_configs as _cfg
+from .plan import check_degrees, resolve_degrees
 from .strategy_fields import CONFIGS, FLAGS, REFUSED, StrategyTypeError, UnknownFieldError
 
 # Paddle's attributes that live inside hybrid_configs here: name -> key path
@@ -352,35 +353,19 @@ class DistributedStrategy:
                 f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
                 "fp16_allreduce, sharding stages 1-3, lamb, lars, localsgd, adaptive_localsgd and dgc.")
         hybrid = self._values["hybrid_configs"]
-        sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
-        hsd = hybrid["sharding_degree"]  # Paddle's dp_degree counts the replicas of a hybrid_configs sharding group
         model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
         if self.sharding_enabled and model > 1:  # (hsd > 1 turns sharding on)
             self._check_hybrid_sharding()
         elif self.sharding_enabled:
-            self._check_sharding(sd, world_size)
-        others = model * max(hsd, 1)
-        if world_size % others:
-            raise ValueError(
-                f"hybrid_configs degrees mp {hybrid['mp_degree']} x pp {hybrid['pp_degree']} x sharding {hsd} x sep "
-                f"{hybrid['sep_degree']} = {others} do not divide the {world_size} ranks: make their product (times "
-                "dp_degree) the world size")
-        expected_dp = world_size // others
-        if dp != -1 and dp != expected_dp:
-            raise ValueError(
-                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (mp {hybrid['mp_degree']}, pp "
-                f"{hybrid['pp_degree']}, sharding {hsd}, sep {hybrid['sep_degree']}): it must be {expected_dp} or -1 "
-                "(the rest)")
+            self._check_sharding(self.sharding_degree(world_size), world_size)
+        check_degrees(hybrid, world_size)  # the plan's checks (plan.py)
 
     def hybrid_degrees(self, world_size: int) -> dict[str, int]:
-        """The degree of each hybrid axis (``dp``, ``pp``, ``sharding``, ``sep``, ``mp``), ``dp_degree=-1`` resolved.
+        """The degree of each hybrid axis (``dp``, ``pp``, ``sharding``, ``sep``, ``mp``), ``dp_degree=-1`` resolved:
+        the parallel plan's degrees (``fleet.get_parallel_plan().degrees`` after ``fleet.init``).
 
         Example::
 
             DistributedStrategy(hybrid_configs={"mp_degree": 2}).hybrid_degrees(4)["dp"]   # 2
         """
-        h = self._values["hybrid_configs"]
-        out = {"pp": h["pp_degree"], "sharding": h["sharding_degree"], "sep": h["sep_degree"], "mp": h["mp_degree"]}
-        rest = out["pp"] * out["sharding"] * out["sep"] * out["mp"]
-        out["dp"] = h["dp_degree"] if h["dp_degree"] != -1 else max(world_size // rest, 1)
-        return out
+        return resolve_degrees(self._values["hybrid_configs"], world_size)

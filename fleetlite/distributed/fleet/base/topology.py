@@ -41,10 +41,13 @@ from functools import reduce
 from itertools import product
 from typing import Any
 
-import torch
 import torch.distributed as tdist
 
-__all__ = ["CommunicateTopology", "HybridCommunicateGroup", "ParallelMode", "PADDLE_TO_MESH", "AXIS_OF"]
+from .. import context
+from ..plan import ParallelPlan
+
+__all__ = ["CommunicateTopology", "HybridCommunicateGroup", "ParallelMode", "PADDLE_TO_MESH", "AXIS_OF", "hcg_of",
+           "get_hybrid_communicate_group"]
 
 logger = logging.getLogger("fleetlite.fleet")
 
@@ -52,9 +55,6 @@ logger = logging.getLogger("fleetlite.fleet")
 PADDLE_TO_MESH = {"data": "dp", "pipe": "pp", "sharding": "sharding", "sep": "sep", "model": "mp"}
 #: hybrid_configs' order keys -> Paddle's axis names
 AXIS_OF = {v: k for k, v in PADDLE_TO_MESH.items()}
-
-_HYBRID_PARALLEL_GROUP: HybridCommunicateGroup | None = None
-
 
 class ParallelMode:
     """Paddle's parallel modes (``hcg.get_parallel_mode()``)."""
@@ -183,45 +183,43 @@ class HybridCommunicateGroup:
     """
 
     def __init__(self, topology: CommunicateTopology, device_type: str | None = None) -> None:
-        initialized = tdist.is_available() and tdist.is_initialized()
-        self.nranks = tdist.get_world_size() if initialized else 1
-        self.global_rank = tdist.get_rank() if initialized else 0
-        self._topo = topology
         names = topology.get_hybrid_group_names()
         unknown = [n for n in names if n not in PADDLE_TO_MESH]
         if unknown or len(set(names)) != len(names):
             raise ValueError(f"HybridCommunicateGroup needs the axes {list(PADDLE_TO_MESH)} (each once), got {names}")
-        dim = {n: topology.get_dim(n) if n in names else 1 for n in PADDLE_TO_MESH}
-        self._dp_degree, self._mp_degree, self._pp_degree = dim["data"], dim["model"], dim["pipe"]
-        self._sharding_degree, self._sep_degree = dim["sharding"], dim["sep"]
-        if topology.world_size() != self.nranks:
-            raise ValueError(
-                f"hybrid degrees {dict(zip(names, [topology.get_dim(n) for n in names]))} make "
-                f"{topology.world_size()} ranks but the world has {self.nranks}: make their product the world size")
-        coord = topology.get_coord(self.global_rank)
-        get = lambda n: getattr(coord, n) if n in names else 0  # noqa: E731
-        self._data_parallel_id, self._model_parallel_id = get("data"), get("model")
-        self._sharding_parallel_id, self._sep_parallel_id, self.stage_id = get("sharding"), get("sep"), get("pipe")
-        self.mesh = None
-        self._groups: dict[str, Any] = {}
-        self._lists: dict[str, list[int]] = {}
-        for n in names:
-            self._lists[n] = next(g for g in topology.get_comm_list(n) if self.global_rank in g)
-        if initialized:
-            from torch.distributed.device_mesh import DeviceMesh
+        initialized = tdist.is_available() and tdist.is_initialized()
+        plan = ParallelPlan({PADDLE_TO_MESH[n]: topology.get_dim(n) for n in names},
+                            [PADDLE_TO_MESH[n] for n in names], tdist.get_world_size() if initialized else 1,
+                            device_type=device_type)
+        self._attach(plan.build(), topology)  # collective: every rank builds the plan's groups
+        context.state.plan = plan  # Paddle's last-built-HCG singleton is the plan fleet holds
 
-            dtype = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-            mesh = torch.arange(self.nranks).reshape(*[topology.get_dim(n) for n in names])
-            self.mesh = DeviceMesh(dtype, mesh, mesh_dim_names=tuple(PADDLE_TO_MESH[n] for n in names))
-            for n in names:
-                self._groups[n] = self.mesh.get_group(PADDLE_TO_MESH[n])
-            # the check/clip group (Paddle's _set_check_group("data")): every rank of one data-parallel replica
-            check = [r for r in range(self.nranks) if topology.get_coord(r).data == self._data_parallel_id] \
-                if "data" in names else list(range(self.nranks))
-            self._check_group = self._new_groups_along("data", check)
-        else:
-            self._check_group = None
-        self._sharding_groups(initialized)
+    @classmethod
+    def _of(cls, plan: ParallelPlan) -> HybridCommunicateGroup:
+        """The view of a built ``plan`` (no new process group)."""
+        hcg = cls.__new__(cls)
+        hcg._attach(plan, CommunicateTopology([AXIS_OF[a] for a in plan.order], [plan.degrees[a] for a in plan.order]))
+        return hcg
+
+    def _attach(self, plan: ParallelPlan, topology: CommunicateTopology) -> None:
+        """Read everything from ``plan`` (Note [plan groups]): degrees, coordinates, the mesh and its groups."""
+        self.plan = plan
+        plan._view = self
+        self.nranks, self.global_rank, self._topo = plan.world_size, plan.rank, topology
+        names = topology.get_hybrid_group_names()
+        self._dp_degree, self._mp_degree, self._pp_degree = plan.dp, plan.mp, plan.pp
+        self._sharding_degree, self._sep_degree = plan.sharding, plan.sep
+        c = plan.coord
+        self._data_parallel_id, self._model_parallel_id = c["dp"], c["mp"]
+        self._sharding_parallel_id, self._sep_parallel_id, self.stage_id = c["sharding"], c["sep"], c["pp"]
+        self.mesh = plan.mesh
+        self._groups: dict[str, Any] = {n: plan.group(PADDLE_TO_MESH[n]) for n in names}
+        self._lists: dict[str, list[int]] = {n: plan.ranks(PADDLE_TO_MESH[n]) for n in names}
+        # the check/clip group (Paddle's _set_check_group("data")): every rank of one data-parallel replica;
+        # the groups sharding adds (Note [sharding with mp and pp]): dp x sharding, the replica, the sharding check
+        self._check_group = plan.group("check")
+        self._data_sharding_group, self._replica_group = plan.group("data"), plan.group("replica")
+        self._sharding_check_group = plan.group("sharding_check")
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self._pp_degree - 1
         self._p2p_groups: tuple[Any, Any, Any, Any] | None = None
@@ -230,11 +228,9 @@ class HybridCommunicateGroup:
             idx = pipe.index(self.global_rank)
             self.next_rank, self.prev_rank = pipe[(idx + 1) % len(pipe)], pipe[(idx - 1) % len(pipe)]
             # Paddle's switch for the four-direction p2p groups, read where Paddle reads it (topology.py)
-            if initialized and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
+            if plan.mesh is not None and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
                 self._p2p_groups = self._four_directions_p2p_groups()
-        logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, dim)
-        global _HYBRID_PARALLEL_GROUP
-        _HYBRID_PARALLEL_GROUP = self
+        logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, plan)
 
     def _four_directions_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
         """Paddle's ``_set_four_directions_p2p_group``: a 2-rank group per neighbouring pair and direction."""
@@ -253,26 +249,6 @@ class HybridCommunicateGroup:
                 elif self.global_rank == prev:
                     recv_next = group
         return send_next, send_prev, recv_next, recv_prev
-
-    def _sharding_groups(self, initialized: bool) -> None:
-        """The groups sharding adds (Note [sharding with mp and pp]); created only when sharding_degree > 1.
-
-        ``_data_sharding_group``: dp × sharding, the ranks that hold the same parameters and see different
-        data; ``_replica_group``: mp × pp × sep, the ranks that together hold one copy of the model;
-        ``_sharding_check_group``: the ranks with this rank's sharding coordinate (Paddle's
-        ``sharding_check_group``). Without sharding they are the dp group, the check group and the world.
-        """
-        names = self._topo.get_hybrid_group_names()
-        self._data_sharding_group, self._replica_group = self._group("data"), self._check_group
-        self._sharding_check_group = tdist.group.WORLD if initialized else None
-        if self._sharding_degree == 1 or not initialized:
-            return
-        self._data_sharding_group = self._group("sharding") if self._dp_degree == 1 else \
-            self.create_fuse_group(["data", "sharding"])[1]
-        others = [n for n in names if n not in ("data", "sharding")]
-        self._replica_group = self.create_fuse_group(others)[1] if others else None
-        self._sharding_check_group = self._new_groups_along("sharding", self._topo.get_axis_list(
-            "sharding", self._sharding_parallel_id), self._sharding_degree)
 
     def create_fuse_group(self, fused_strategy_list: list[str]) -> tuple[list[int], Any]:
         """Paddle's ``create_fuse_group``: one process group per position on the other axes, spanning the axes
@@ -294,19 +270,6 @@ class HybridCommunicateGroup:
                 mine = (ranks, group)
         assert mine is not None
         return mine
-
-    def _new_groups_along(self, axis: str, mine: list[int], degree: int | None = None) -> Any:
-        """One group per position on ``axis`` (all created on every rank, in order); this rank's one."""
-        degree = self._dp_degree if degree is None else degree
-        if axis not in self._topo.get_hybrid_group_names() or degree == 1:
-            return tdist.group.WORLD
-        out = None
-        for idx in range(degree):
-            ranks = self._topo.get_axis_list(axis, idx)
-            group = tdist.new_group(ranks=ranks)
-            if ranks == mine:
-                out = group
-        return out
 
     def _group(self, axis: str) -> Any:
         return self._groups.get(axis)
@@ -478,28 +441,20 @@ class HybridCommunicateGroup:
                 f"sharding={self._sharding_degree}, sep={self._sep_degree}, mp={self._mp_degree})")
 
 
-def from_strategy(strategy: Any, world_size: int, device_type: str | None = None) -> HybridCommunicateGroup:
-    """The HybridCommunicateGroup of ``strategy.hybrid_configs`` (axes in its ``order``: Note [topology order]).
-
-    Collective (every rank creates every group, in the same order).
-    """
-    degrees = strategy.hybrid_degrees(world_size)
-    order = list(strategy.hybrid_configs["order"])
-    missing = [a for a in degrees if a not in order]
-    for axis in missing:
-        if degrees[axis] > 1:
-            raise ValueError(f"hybrid_configs['order'] = {order} leaves out {axis!r} whose degree is {degrees[axis]}; "
-                             "list every axis with a degree above 1")
-    order = missing + order  # axes of degree 1 left out of the order: outermost (they change no rank's place)
-    topo = CommunicateTopology([AXIS_OF[a] for a in order], [degrees[a] for a in order])
-    return HybridCommunicateGroup(topo, device_type=device_type)
+def hcg_of(plan: ParallelPlan) -> HybridCommunicateGroup:
+    """Paddle's view of ``plan`` (built here if it is not yet: collective), the same object every call."""
+    plan.build()
+    return plan._view if plan._view is not None else HybridCommunicateGroup._of(plan)
 
 
 def get_hybrid_communicate_group() -> HybridCommunicateGroup | None:
-    """The last HybridCommunicateGroup built in this process (None before ``fleet.init``)."""
-    return _HYBRID_PARALLEL_GROUP
+    """The HybridCommunicateGroup of the plan fleet holds (None before one is built: ``fleet.init`` builds it for
+    hybrid strategies, ``fleet.get_hybrid_communicate_group()`` otherwise, or ``HybridCommunicateGroup(topo)``)."""
+    plan = context.state.plan
+    return plan._view if plan is not None else None
 
 
-def _reset() -> None:
-    global _HYBRID_PARALLEL_GROUP
-    _HYBRID_PARALLEL_GROUP = None
+def __getattr__(name: str) -> Any:
+    if name == "_HYBRID_PARALLEL_GROUP":  # Paddle's module-level singleton, read from fleet's one plan
+        return get_hybrid_communicate_group()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

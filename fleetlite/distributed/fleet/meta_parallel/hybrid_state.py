@@ -44,6 +44,7 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from .. import context
 from .mp_layers import is_split
 from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
 
@@ -372,15 +373,15 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:
-    """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model), from its slices'
-    mp group and its pipeline's stages; dp is the rest of the world.
+    """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model): the parallel
+    plan's, sharding and sep folded into dp (``ParallelPlan.checkpoint_degrees``).
 
     Example::
 
         degrees_of(stage)          # {"dp": 2, "mp": 2, "pp": 2} on 8 ranks
     """
-    mp = max((_mp(p)[0] for p in module.parameters() if is_split(p)), default=1)
-    pipe = _pipeline(module)
-    pp = pipe.get_num_stages() if pipe is not None else 1
-    world = td.get_world_size() if td.is_initialized() else 1
-    return {"dp": max(world // (mp * pp), 1), "mp": mp, "pp": pp}
+    plan = context.state.plan
+    if plan is None:
+        raise RuntimeError("degrees_of needs the parallel plan of fleet.init(); a hybrid model is built after "
+                           "fleet.init(is_collective=True, strategy=s), call it first")
+    return plan.checkpoint_degrees

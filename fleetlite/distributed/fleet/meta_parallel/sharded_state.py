@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import context
 from .mp_layers import is_split
 
 __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
@@ -29,10 +30,17 @@ __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_s
 
 
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
+    """The 1-D mesh of a slice's mp group: the parallel plan's ``mp`` dimension when the group is the plan's (one
+    mesh for the run), else a mesh over the group given by hand (``mp_group=`` of a layer)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     if id(group) not in cache:
-        cache[id(group)] = DeviceMesh.from_group(group, device_type)
+        plan = context.state.plan
+        if plan is not None and plan.built and plan.mesh is not None and plan.mesh.device_type == device_type \
+                and plan.group("mp") is group:
+            cache[id(group)] = plan.submesh("mp")
+        else:
+            cache[id(group)] = DeviceMesh.from_group(group, device_type)
     return cache[id(group)]
 
 

@@ -1,6 +1,7 @@
 """Paddle's hybrid-parallel topology: ``CommunicateTopology`` (pure rank arithmetic) and
-``HybridCommunicateGroup`` (the process groups of each parallel axis), on torch process groups and a
-named :class:`torch.distributed.device_mesh.DeviceMesh`.
+``HybridCommunicateGroup`` (the process groups of each parallel axis): Paddle's views of the
+:class:`~fleetlite.distributed.fleet.plan.ParallelPlan`, whose one named
+:class:`torch.distributed.device_mesh.DeviceMesh` and groups (Note [plan groups]) the HCG hands out.
 
 # Note [topology order]
 Ranks are laid out row-major over the axes in ``hybrid_configs['order']``
@@ -9,7 +10,7 @@ innermost, so the ranks of one tensor-parallel group are neighbours). The
 coordinate of a rank is its index in ``arange(world).reshape(dims)``, which is
 also how torch lays out a ``DeviceMesh``: the mesh dimension named ``"mp"``
 holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
-*are* the mesh's groups (created once, in the same order on every rank).
+*are* the plan's mesh's groups (created once, in the same order on every rank).
 
 # Note [sharding with mp and pp]
 With ``sharding_degree`` > 1 (sharding stage 1) next to mp/pp, or next to dp alone, the sharding axis
@@ -171,9 +172,10 @@ class HybridCommunicateGroup:
 
     Build it through ``fleet.init(is_collective=True, strategy=s)`` with ``s.hybrid_configs``, then
     ``fleet.get_hybrid_communicate_group()``. The groups are torch process groups (Paddle's ``group.ranks`` is
-    ``torch.distributed.get_process_group_ranks(group)``; None single-process); ``mesh`` is the named
-    ``DeviceMesh`` they come from (None single-process). ``is_first_stage`` / ``is_last_stage`` are
-    attributes, as in Paddle.
+    ``torch.distributed.get_process_group_ranks(group)``; None single-process), all read from ``plan``, the
+    :class:`~fleetlite.distributed.fleet.plan.ParallelPlan` it views; ``mesh`` is the plan's named
+    ``DeviceMesh`` (None single-process). ``is_first_stage`` / ``is_last_stage`` are attributes, as in Paddle.
+    Built by hand from a topology (as Paddle's tests do) it makes a plan of its own, which becomes fleet's.
 
     Example::
 

@@ -150,7 +150,8 @@ class ParallelPlan:
         self.built = False
         self.mesh: Any = None
         self._groups: dict[str, Any] = {}
-        self._meshes: dict[tuple[str, ...], Any] = {}
+        self._meshes: dict[tuple[str, ...], Any] = {}  # submeshes by axes
+        self._flat: dict[tuple[str, ...], Any] = {}  # flattened dimensions by the axes they fuse
         self._view: Any = None  # the HybridCommunicateGroup over this plan (base/topology.py sets it)
 
     # -- construction -------------------------------------------------------------------------------
@@ -252,9 +253,9 @@ class ParallelPlan:
         if prod(self.degrees[a] for a in big) == self.world_size:
             return tdist.group.WORLD
         key = tuple(big)
-        if key not in self._meshes:
-            self._meshes[key] = self.mesh[key]._flatten(name)
-        return self._meshes[key].get_group()
+        if key not in self._flat:
+            self._flat[key] = self.mesh[key]._flatten(name)
+        return self._flat[key].get_group()
 
     def group(self, name: str) -> Any:
         """The process group ``name`` of this rank (Note [plan groups]); None single-process or for an axis
@@ -263,16 +264,20 @@ class ParallelPlan:
         self.build()
         return self._groups.get(name)
 
-    def submesh(self, axis: str) -> Any:
-        """The one-dimensional mesh of ``axis`` (the same object every call); None single-process."""
-        if axis not in AXES:
-            raise ValueError(f"unknown axis {axis!r}; a plan has the axes {list(AXES)}")
+    def submesh(self, *axes: str) -> Any:
+        """The mesh of ``axes`` cut from the one mesh, in the mesh's order (the same object every call; no new
+        process group): ``submesh("mp")`` for tensor parallelism, ``submesh("dp", "sharding")`` for FSDP2's
+        replicate x shard. None single-process or when the mesh leaves out one of ``axes``."""
+        unknown = [a for a in axes if a not in AXES]
+        if unknown or not axes:
+            raise ValueError(f"submesh takes axes of {list(AXES)}, got {list(axes)}")
         self.build()
-        if self.mesh is None or axis not in self.order:
+        key = tuple(a for a in self.order if a in axes)
+        if self.mesh is None or len(key) != len(set(axes)):
             return None
-        if (axis,) not in self._meshes:
-            self._meshes[(axis,)] = self.mesh[axis]
-        return self._meshes[(axis,)]
+        if key not in self._meshes:
+            self._meshes[key] = self.mesh[key[0] if len(key) == 1 else key]
+        return self._meshes[key]
 
     def _shown(self) -> str:
         return ", ".join(f"{a}={self.degrees[a]}" for a in self.order or AXES)

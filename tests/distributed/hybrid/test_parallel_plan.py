@@ -148,6 +148,8 @@ def _plan_on_ranks(rank, world):
             data_rank=(hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()),
             one_mp_mesh=mp_mesh is plan.submesh("mp") and _mesh_of(plan.group("mp"), {}, "cpu") is mp_mesh,
             mp_mesh=mp_mesh.mesh.tolist(), mesh_names=plan.mesh.mesh_dim_names, mesh_shape=tuple(plan.mesh.shape),
+            hsdp=(plan.submesh("sharding", "dp") is plan.submesh("dp", "sharding"),
+                  plan.submesh("dp", "sharding").mesh_dim_names, plan.submesh("dp", "sharding").mesh.tolist()),
         )
         if kind == "init":
             agree["fleet"] = fleet.get_hybrid_communicate_group() is hcg and fleet_impl._state.plan is plan
@@ -181,6 +183,11 @@ def test_named_groups_hold_paddles_ranks_on_four_ranks():
             assert agree["mesh"] and agree["singleton"] and agree["groups"] and agree["one_mp_mesh"], (rank, agree)
             assert agree["mp_mesh"] == expected_ranks(want, order, rank, {"mp"})
             assert agree["mesh_names"] == tuple(order) and agree["mesh_shape"] == tuple(want[a] for a in order)
+            # FSDP2's replicate x shard mesh: the dp and sharding dimensions of the same mesh, in its order
+            grid = np.arange(4).reshape([want[a] for a in order])
+            keep = tuple(slice(None) if a in ("dp", "sharding") else by_axis[a] for a in order)
+            names = tuple(a for a in order if a in ("dp", "sharding"))
+            assert agree["hsdp"] == (True, names, grid[keep].tolist()), (rank, spec, agree["hsdp"])
             if kind == "init":
                 assert agree["fleet"], (rank, spec)
                 hybrid = want["mp"] > 1 or want["pp"] > 1

@@ -118,7 +118,7 @@ class ParallelPlan:
         plan = fleet.get_parallel_plan()
         plan.dp, plan.mp, plan.pp_enabled
         torch.distributed.all_reduce(loss, group=plan.group("loss"))
-        plan.mesh["mp"]                  # the tensor-parallel dimension of the one mesh
+        plan.submesh("mp")               # the tensor-parallel dimension of the one mesh
     """
 
     def __init__(self, degrees: Mapping[str, int], order: list[str] | tuple[str, ...], world_size: int,
@@ -140,6 +140,8 @@ class ParallelPlan:
                 f"{self.world_size}: make their product the world size")
         initialized = tdist.is_available() and tdist.is_initialized()
         self.rank = rank if rank is not None else (tdist.get_rank() if initialized else 0)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside a plan of {self.world_size} ranks")
         self.device_type = device_type
         grid = torch.arange(self.world_size).reshape(*[self.degrees[a] for a in self.order]) if self.order else \
             torch.zeros((), dtype=torch.long)

@@ -1,6 +1,7 @@
 """Paddle's ``fleet.meta_parallel``: tensor-parallel layers, the model-parallel random states and
 ``TensorParallel`` (what ``fleet.distributed_model`` returns with ``hybrid_configs['mp_degree'] > 1``); pipeline
-parallelism: ``LayerDesc``, ``SharedLayerDesc``, ``PipelineLayer`` and ``PipelineParallel`` (``pp_degree > 1``).
+parallelism: ``LayerDesc``, ``SharedLayerDesc``, ``PipelineLayer`` and ``PipelineParallel`` (``pp_degree > 1``);
+segment parallelism: ``SegmentParallel`` (``sep_degree > 1``) and ``split_inputs_sequence_dim``.
 
 ``PipelineParallel`` is imported on first use: ``torch.distributed.pipelining`` takes about a second to import.
 
@@ -18,6 +19,7 @@ from typing import Any
 from .mp_layers import ColumnParallelLinear, ParallelCrossEntropy, RowParallelLinear, VocabParallelEmbedding, is_split
 from .pipeline import LayerDesc, PipelineLayer, SegmentLayers, SharedLayerDesc
 from .random import RNGStatesTracker, get_rng_state_tracker, model_parallel_random_seed
+from .segment_parallel import SegmentParallel, split_inputs_sequence_dim
 from .sharded_state import (
     load_sharded_optimizer_state_dict,
     load_sharded_state_dict,
@@ -30,7 +32,8 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "get_rng_state_tracker", "model_parallel_random_seed", "RNGStatesTracker", "TensorParallel", "is_split",
            "sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
            "load_sharded_optimizer_state_dict",
-           "LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel"]
+           "LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel",
+           "SegmentParallel", "split_inputs_sequence_dim"]
 
 
 def __getattr__(name: str) -> Any:

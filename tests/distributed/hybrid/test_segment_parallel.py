@@ -16,6 +16,7 @@ from fleetlite.distributed.fleet.meta_parallel import SegmentParallel, split_inp
 from fleetlite.distributed.fleet.meta_parallel.segment_parallel import (
     ReshardLayer,
     heads_to_sequence,
+    segment_attention,
     sequence_offset,
     sequence_to_heads,
 )
@@ -25,15 +26,19 @@ VOCAB, DIM, HEADS, SEQ, BATCH, STEPS, LR = 32, 16, 4, 8, 4, 4, 0.5
 
 
 class Attention(nn.Module):
-    """Causal self-attention; with ``segment`` the Ulysses all-to-all around the attention proper."""
+    """Causal self-attention; with ``segment`` the Ulysses all-to-all around the attention proper, written out
+    (``helper=False``) or through ``segment_attention``."""
 
-    def __init__(self, segment: bool) -> None:
+    def __init__(self, segment: bool, helper: bool) -> None:
         super().__init__()
         self.qkv, self.proj, self.segment = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM), segment
+        self.helper = helper
 
     def forward(self, x):
         b, s, _ = x.shape  # s: this rank's part of the sequence under sep
         q, k, v = self.qkv(x).view(b, s, 3, HEADS, DIM // HEADS).unbind(2)  # [b, s, h, d] each
+        if self.segment and self.helper:
+            return self.proj(segment_attention(q, k, v, is_causal=True).reshape(b, s, DIM))
         if self.segment:  # [b, s/sep, h, d] -> [b, s, h/sep, d]
             q, k, v = (sequence_to_heads(t) for t in (q, k, v))
         out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True).transpose(1, 2)
@@ -43,9 +48,9 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, segment: bool) -> None:
+    def __init__(self, segment: bool, helper: bool = False) -> None:
         super().__init__()
-        self.ln1, self.attn, self.ln2 = nn.LayerNorm(DIM), Attention(segment), nn.LayerNorm(DIM)
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(DIM), Attention(segment, helper), nn.LayerNorm(DIM)
         self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
 
     def forward(self, x):
@@ -57,7 +62,7 @@ class TinyGPT(nn.Module):
     def __init__(self, segment: bool = False) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
-        self.blocks = nn.Sequential(Block(segment), Block(segment))
+        self.blocks = nn.Sequential(Block(segment), Block(segment, helper=True))
         self.ln, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB)
         self.segment = segment
 
@@ -205,6 +210,15 @@ def test_sep_beside_mp_pp_or_sharding_is_refused_in_one_line(hybrid, beside):
     with pytest.raises(NotImplementedError, match=f"sep_degree'\\] = 2 beside {beside}") as info:
         s.check_supported(4)
     assert len(str(info.value).splitlines()) == 1
+
+
+def test_without_a_sep_axis_the_helpers_change_nothing():
+    fleet_impl._reset()  # no fleet.init: a sep degree of 1
+    q, k, v = torch.randn(3, 2, 6, 4, 5).unbind(0)  # [b, s, h, d]
+    expected = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+    torch.testing.assert_close(segment_attention(q, k, v, is_causal=True), expected.transpose(1, 2))
+    ids = torch.arange(6).view(1, 6)
+    assert split_inputs_sequence_dim(ids) is ids and sequence_offset(6) == 0 and sequence_to_heads(q) is q
 
 
 def test_segment_parallel_is_paddles_export():

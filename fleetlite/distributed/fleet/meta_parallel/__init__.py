@@ -2,7 +2,7 @@
 ``TensorParallel`` (what ``fleet.distributed_model`` returns with ``hybrid_configs['mp_degree'] > 1``); pipeline
 parallelism: ``LayerDesc``, ``SharedLayerDesc``, ``PipelineLayer`` and ``PipelineParallel`` (``pp_degree > 1``);
 segment parallelism: ``SegmentParallel`` (``sep_degree > 1``), ``split_inputs_sequence_dim`` and the all-to-all
-around attention (``sequence_to_heads``, ``heads_to_sequence``, PaddleNLP's ``ReshardLayer``).
+around attention (``sequence_to_heads``, ``heads_to_sequence``, ``segment_attention``, PaddleNLP's ``ReshardLayer``).
 
 ``PipelineParallel`` is imported on first use: ``torch.distributed.pipelining`` takes about a second to import.
 
@@ -24,6 +24,7 @@ from .segment_parallel import (
     ReshardLayer,
     SegmentParallel,
     heads_to_sequence,
+    segment_attention,
     sequence_offset,
     sequence_to_heads,
     split_inputs_sequence_dim,
@@ -42,7 +43,7 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "load_sharded_optimizer_state_dict",
            "LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel",
            "SegmentParallel", "split_inputs_sequence_dim", "sequence_to_heads", "heads_to_sequence",
-           "sequence_offset", "ReshardLayer"]
+           "segment_attention", "sequence_offset", "ReshardLayer"]
 
 
 def __getattr__(name: str) -> Any:

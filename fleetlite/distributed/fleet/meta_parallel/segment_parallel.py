@@ -33,33 +33,31 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ....parallel import DataParallel
 from .. import context
 
 __all__ = ["SegmentParallel", "split_inputs_sequence_dim", "sequence_offset", "sequence_to_heads",
-           "heads_to_sequence", "ReshardQKV", "ReshardLayer", "check_segment_parallel"]
+           "heads_to_sequence", "segment_attention", "ReshardQKV", "ReshardLayer", "check_segment_parallel"]
 
 
 def _hcg() -> Any:
-    hcg = context.state.hcg if context.state.strategy is not None else None
-    if hcg is None:
-        raise RuntimeError("segment parallelism needs fleet.init with hybrid_configs['sep_degree'] > 1 first, or "
-                           "pass sep_group= / sep_rank= and sep_degree= explicitly")
-    return hcg
+    """fleet's HybridCommunicateGroup; None before ``fleet.init`` or without a hybrid axis (a sep degree of 1)."""
+    return context.state.hcg if context.state.strategy is not None else None
 
 
 def _sep_group(group: Any) -> tuple[Any, int]:
-    """The sep group and its size (1 without a process group: nothing to exchange)."""
+    """The sep group and its size (1 without a process group or a sep axis: nothing to exchange)."""
     if group is None:
         hcg = _hcg()
-        if hcg.get_sep_parallel_world_size() == 1:
+        if hcg is None or hcg.get_sep_parallel_world_size() == 1:
             return None, 1
         group = hcg.get_sep_parallel_group()
     return group, (tdist.get_world_size(group) if tdist.is_initialized() else 1)
@@ -69,8 +67,8 @@ def split_inputs_sequence_dim(inputs: Any, sep_rank: int | None = None, sep_degr
     """Paddle's ``split_inputs_sequence_dim``: this sep rank's part of ``[batch, seq]`` tensors (the last axis
     split into ``sep_degree`` equal parts); a tensor, a list/tuple or a dict of them (None kept).
 
-    Without ``sep_rank``/``sep_degree`` they are the HybridCommunicateGroup's; with a sep degree of 1 the
-    inputs come back unchanged.
+    Without ``sep_rank``/``sep_degree`` they are the HybridCommunicateGroup's (a sep degree of 1 before
+    ``fleet.init`` or without a hybrid topology); with a sep degree of 1 the inputs come back unchanged.
 
     Example::
 
@@ -79,7 +77,7 @@ def split_inputs_sequence_dim(inputs: Any, sep_rank: int | None = None, sep_degr
     """
     if sep_rank is None and sep_degree is None:
         hcg = _hcg()
-        sep_rank, sep_degree = hcg.get_sep_parallel_rank(), hcg.get_sep_parallel_world_size()
+        sep_rank, sep_degree = (hcg.get_sep_parallel_rank(), hcg.get_sep_parallel_world_size()) if hcg else (0, 1)
     if not isinstance(sep_rank, int) or not isinstance(sep_degree, int) or not 0 <= sep_rank < sep_degree:
         raise ValueError(f"split_inputs_sequence_dim needs 0 <= sep_rank < sep_degree (integers), got sep_rank="
                          f"{sep_rank!r}, sep_degree={sep_degree!r}; pass both or neither")
@@ -106,7 +104,10 @@ def split_inputs_sequence_dim(inputs: Any, sep_rank: int | None = None, sep_degr
 
 def sequence_offset(local_len: int, sep_rank: int | None = None) -> int:
     """The global position of this rank's first token: ``sep_rank * local_len`` (Note [segment parallelism])."""
-    return (_hcg().get_sep_parallel_rank() if sep_rank is None else sep_rank) * local_len
+    if sep_rank is None:
+        hcg = _hcg()
+        sep_rank = hcg.get_sep_parallel_rank() if hcg is not None else 0
+    return sep_rank * local_len
 
 
 def _check_split(x: torch.Tensor, axis: int, sep: int, what: str) -> None:
@@ -169,6 +170,24 @@ def heads_to_sequence(x: torch.Tensor, group: Any = None) -> torch.Tensor:
         out = heads_to_sequence(attention(q, k, v)).reshape(b, s_local, heads * head_dim)
     """
     return _reshard(x, group, 1, 2, "sequence")
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention: Callable[..., torch.Tensor] | None
+                      = None, group: Any = None, **kwargs: Any) -> torch.Tensor:
+    """Attention over the whole sequence from this rank's part: ``q``, ``k``, ``v`` ``[b, s/sep, h, d]`` ->
+    :func:`sequence_to_heads` -> ``attention(q, k, v, **kwargs)`` on ``[b, h/sep, s, d]`` (default
+    ``torch.nn.functional.scaled_dot_product_attention``) -> :func:`heads_to_sequence` -> ``[b, s/sep, h, d]``.
+    With a sep degree of 1 (or before ``fleet.init``) it is just the attention. A mask given in ``kwargs`` is the
+    full sequence's (``is_causal=True`` is).
+
+    Example::
+
+        q, k, v = qkv.view(b, s_local, heads, 3, head_dim).unbind(3)       # [b, s/sep, h, d] each
+        out = segment_attention(q, k, v, is_causal=True).reshape(b, s_local, heads * head_dim)
+    """
+    q, k, v = (sequence_to_heads(t, group).transpose(1, 2) for t in (q, k, v))
+    out = (attention or F.scaled_dot_product_attention)(q, k, v, **kwargs)
+    return heads_to_sequence(out.transpose(1, 2), group)
 
 
 class ReshardLayer(nn.Module):

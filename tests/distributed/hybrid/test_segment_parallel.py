@@ -1,7 +1,8 @@
 """Segment parallelism (``sep_degree`` > 1, Paddle's ``SegmentParallel``): a small causal transformer with the
 Ulysses all-to-all around its attention trains, on sep2 (2 ranks) and dp2 x sep2 (4 ranks), equal to the same
 model on one process with the full sequence and the whole batch (losses and weights, every rank); the
-all-to-all's forward and backward against slices of a global tensor; the clear errors."""
+all-to-all's forward and backward against slices of a global tensor; the clear errors. Paddle's
+``optimizer._grad_clip`` clips by the whole model's norm under sep too."""
 
 import pytest
 import torch
@@ -21,8 +22,9 @@ from fleetlite.distributed.fleet.meta_parallel.segment_parallel import (
     sequence_to_heads,
 )
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
-VOCAB, DIM, HEADS, SEQ, BATCH, STEPS, LR = 32, 16, 4, 8, 4, 4, 0.5
+VOCAB, DIM, HEADS, SEQ, BATCH, STEPS, LR, CLIP = 32, 16, 4, 8, 4, 4, 0.5, 0.5
 
 
 class Attention(nn.Module):
@@ -94,15 +96,18 @@ def _train(rank, world, hybrid):
     if rank == 0:  # the dp x sep group's first rank holds the reference's weights
         net.load_state_dict(ref.state_dict())
     model = fleet.distributed_model(net)
-    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR))  # SGD: a gradient's scale shows
+    opt = torch.optim.SGD(model.parameters(), lr=LR)  # SGD: a gradient's scale shows in the weights
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)  # Paddle's grad_clip, read from the optimizer
+    opt = fleet.distributed_optimizer(opt)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     dp, dp_rank = hcg.get_data_parallel_world_size(), hcg.get_data_parallel_rank()
     dp_sep = hcg.get_dp_sep_parallel_group()
-    losses, ref_losses = [], []
+    losses, ref_losses, norms, ref_norms = [], [], [], []
     for step in range(STEPS):
         ids, labels = _batch(step)
         ref_loss = _loss(ref, ids, labels)  # one process: the whole batch, the full sequence
         ref_loss.backward()
+        ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP))
         ref_opt.step()
         ref_opt.zero_grad()
         rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
@@ -110,12 +115,14 @@ def _train(rank, world, hybrid):
         loss = _loss(model, local_ids, local_labels)
         loss.backward()
         opt.step()
+        norms.append(opt.hybrid_clip.last_norm.detach().clone())
         opt.clear_grad()
         mean = loss.detach().clone()  # the full batch's loss: the mean over dp x sep
         tdist.all_reduce(mean, group=dp_sep)
         losses.append(mean / tdist.get_world_size(dp_sep))
         ref_losses.append(ref_loss.detach())
-    return dict(losses=torch.stack(losses), ref_losses=torch.stack(ref_losses), weights=net.state_dict(),
+    return dict(losses=torch.stack(losses), ref_losses=torch.stack(ref_losses), norms=torch.stack(norms),
+                ref_norms=torch.stack(ref_norms), weights=net.state_dict(),
                 ref_weights=ref.state_dict(), kind=type(model).__name__, local_seq=local_ids.shape[1],
                 groups={name: tdist.get_process_group_ranks(g) for name, g in (
                     ("sep", hcg.get_sep_parallel_group()), ("dp_sep", dp_sep),
@@ -126,6 +133,8 @@ def _check_training(out, sep):
     for rank, r in enumerate(out):
         assert r["kind"] == "SegmentParallel" and r["local_seq"] == SEQ // sep
         torch.testing.assert_close(r["losses"], r["ref_losses"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(r["norms"], r["ref_norms"], rtol=0, atol=1e-5)
+        assert (r["ref_norms"] > CLIP).all()  # clipping really happened
         for key, ref in r["ref_weights"].items():
             torch.testing.assert_close(r["weights"][key], ref, rtol=0, atol=1e-5, msg=f"rank {rank} {key}")
 

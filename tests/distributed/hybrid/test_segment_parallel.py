@@ -233,3 +233,58 @@ def test_without_a_sep_axis_the_helpers_change_nothing():
 def test_segment_parallel_is_paddles_export():
     assert fleet.meta_parallel.SegmentParallel is SegmentParallel
     assert fleet.meta_parallel.split_inputs_sequence_dim is split_inputs_sequence_dim
+
+
+# fleetlite's GPT (the gpt recipe's model) calls segment_attention and sequence_offset: under sep2 it trains
+# like one process on the full sequence
+def _gpt_steps(model, opt, sep_group=None):
+    from fleetlite.distributed.fleet import meta_parallel as mpu
+
+    losses = []
+    for step in range(STEPS):
+        tokens = torch.randint(64, (4, 17), generator=torch.Generator().manual_seed(200 + step))
+        ids, targets = mpu.split_inputs_sequence_dim([tokens[:, :-1], tokens[:, 1:]])  # unchanged with no sep
+        loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss = loss.detach().clone()
+        if sep_group is not None:  # the full sequence's loss: the mean over dp x sep
+            tdist.all_reduce(loss, group=sep_group)
+            loss /= tdist.get_world_size(sep_group)
+        losses.append(loss)
+    return torch.stack(losses)
+
+
+def _gpt_config():
+    from fleetlite.text.gpt import GPTConfig
+
+    return GPTConfig(vocab_size=64, width=32, layers=2, heads=4, seq_len=16)
+
+
+def _gpt_sep2(rank, world):
+    from fleetlite.text.gpt import GPT
+
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"sep_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    net = GPT(_gpt_config())
+    model = fleet.distributed_model(net)
+    opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR))
+    losses = _gpt_steps(model, opt, fleet.get_hybrid_communicate_group().get_dp_sep_parallel_group())
+    return dict(losses=losses, weights=net.state_dict(), kind=type(model).__name__)
+
+
+@pytest.mark.timeout(200)
+def test_fleetlite_gpt_on_sep2_trains_like_one_process():
+    from fleetlite.text.gpt import GPT
+
+    fleet_impl._reset()  # the reference: one process, no fleet
+    ref = GPT(_gpt_config())
+    ref_losses = _gpt_steps(ref, torch.optim.SGD(ref.parameters(), lr=LR))
+    for rank, r in enumerate(run_ranks(_gpt_sep2, world_size=2, timeout=190)):
+        assert r["kind"] == "SegmentParallel"
+        torch.testing.assert_close(r["losses"], ref_losses, rtol=0, atol=1e-5)
+        for key, value in ref.state_dict().items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-5, msg=f"rank {rank} {key}")

@@ -272,6 +272,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
         wrapped = _pipeline_parallel(model, strategy, _topology.hcg_of(plan))
     elif plan.mp_enabled:
         wrapped = _tensor_parallel(model, strategy, _topology.hcg_of(plan))
+    elif plan.sep_enabled:  # Paddle's SegmentParallel (sep_degree > 1)
+        wrapped = _segment_parallel(model, strategy, _topology.hcg_of(plan))
     elif strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
     else:
@@ -385,6 +387,19 @@ def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn
 
     fused = strategy.fuse_all_reduce_ops
     return TensorParallel(
+        model, hcg, strategy,
+        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+        find_unused_parameters=strategy.find_unused_parameters,
+        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
+
+
+def _segment_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """sep_degree > 1: SegmentParallel, the engine over dp × sep (meta_parallel/segment_parallel.py)."""
+    from .meta_parallel import SegmentParallel
+
+    fused = strategy.fuse_all_reduce_ops
+    return SegmentParallel(
         model, hcg, strategy,
         comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
         last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,

@@ -140,10 +140,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.hybrid_clip = self._hybrid_clip(optimizer)
 
     def _hybrid_clip(self, optimizer: torch.optim.Optimizer) -> HybridParallelClipGrad | None:
-        """Under mp/pp, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
+        """Under mp/pp/sep, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
         hcg, norm = context.state.hcg, grad_clip_norm_of(getattr(optimizer, "_grad_clip", None))
         if hcg is None or norm is None or (hcg.get_model_parallel_world_size() == 1
-                                           and hcg.get_pipe_parallel_world_size() == 1):
+                                           and hcg.get_pipe_parallel_world_size() == 1
+                                           and hcg.get_sep_parallel_world_size() == 1):
             return None
         clip = HybridParallelClipGrad(norm, hcg)
 

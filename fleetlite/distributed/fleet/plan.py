@@ -15,7 +15,8 @@ of the code asks for by purpose:
 - ``loss``: dp x sharding x sep, the ranks a loss is averaged over (sep splits one sample's sequence);
 - ``model`` (alias ``replica``): mp x pp x sep, the ranks that together hold one copy of the model;
 - ``check``: every axis but dp (Paddle's check/clip group: all ranks of one data-parallel replica);
-- ``sharding_check``: every axis but sharding (Paddle's sharding check group).
+- ``sharding_check``: every axis but sharding (Paddle's sharding check group);
+- ``dp_sep`` and ``pp_mp``: Paddle's ``get_dp_sep_parallel_group`` / ``get_pp_mp_parallel_group``.
 
 A fused group is the one axis's group when only one of its axes has a degree above 1, the world's
 default group when it spans the world, else one flattened dimension of the mesh
@@ -51,6 +52,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "replica": ("pp", "sep", "mp"),
     "check": ("pp", "sharding", "sep", "mp"),
     "sharding_check": ("dp", "pp", "sep", "mp"),
+    "dp_sep": ("dp", "sep"),  # Paddle's get_dp_sep_parallel_group: segment parallelism averages over it
+    "pp_mp": ("pp", "mp"),  # Paddle's get_pp_mp_parallel_group
 }
 
 

@@ -399,16 +399,22 @@ class HybridCommunicateGroup:
         """The dp × sharding ranks (same parameters, different data): gradients are averaged over it."""
         return self._data_sharding_group
 
-    # Paddle's fused groups of sep: built only with sep_degree > 1 there, which fleetlite does not run
+    # Paddle's fused groups of sep: they exist only with sep_degree > 1, as in Paddle
     def get_dp_sep_parallel_group(self) -> Any:
-        raise RuntimeError("hcg.get_dp_sep_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
-                           "fleetlite does not implement; for a dp x sep-like group call "
-                           "hcg.create_fuse_group(['data', 'sep'])[1] on every rank")
+        """The dp × sep ranks (the same parameters, different data or sequence parts): segment parallelism
+        averages gradients over it (the plan's ``dp_sep`` group)."""
+        return self._fused_sep_group("dp_sep", ["data", "sep"], "get_dp_sep_parallel_group")
 
     def get_pp_mp_parallel_group(self) -> Any:
-        raise RuntimeError("hcg.get_pp_mp_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
-                           "fleetlite does not implement; call hcg.create_fuse_group(['pipe', 'model'])[1] on every "
-                           "rank for the mp x pp group")
+        """The pp × mp ranks of this rank's dp and sep coordinates (the plan's ``pp_mp`` group)."""
+        return self._fused_sep_group("pp_mp", ["pipe", "model"], "get_pp_mp_parallel_group")
+
+    def _fused_sep_group(self, name: str, axes: list[str], what: str) -> Any:
+        if self._sep_degree == 1:
+            raise RuntimeError(f"hcg.{what}() exists only with sep_degree > 1 (as in Paddle); set "
+                               f"hybrid_configs['sep_degree'] > 1, or call hcg.create_fuse_group({axes})[1] on "
+                               "every rank")
+        return self.plan.group(name)  # the plan's fused group (built with the others)
 
     def _check_valid_topo(self) -> bool:
         """Paddle's check: the degrees multiply to the world size."""

@@ -249,8 +249,9 @@ class PipelineLayer(nn.Module):
         if num_stages and len(self._layers_desc) < num_stages:
             raise ValueError(f"the pipeline has {len(self._layers_desc)} layer(s) for {num_stages} stages: every "
                              "stage needs at least one layer; use fewer stages (pp_degree) or describe more layers")
-        if isinstance(loss_fn, (list, tuple)) and not loss_fn:
-            raise ValueError("loss_fn=[] holds no loss function; give one, a list of them, or None")
+        if isinstance(loss_fn, (list, tuple)) and (not loss_fn or not all(callable(f) for f in loss_fn)):
+            raise ValueError(f"loss_fn={list(loss_fn)!r} is not a list of loss functions; give one, a non-empty "
+                             "list of callables (train_batch's loss_fn_idx picks the trained one), or None")
         self._loss_fn = list(loss_fn) if isinstance(loss_fn, (list, tuple)) else loss_fn
         self._topo = topology
         self._recompute_interval = int(recompute_interval)

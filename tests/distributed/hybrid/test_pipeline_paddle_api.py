@@ -26,6 +26,7 @@ from pipeline_models import (
     reference,
     reference_more,
     tied_batch,
+    tied_descs,
     tied_loss,
     tied_tail_descs,
 )
@@ -182,6 +183,43 @@ def test_interleaved_pp2_v2_with_data_parallel():
     _ok(results)
 
 
+def _fleet_vpp(rank, world, clip):
+    """Paddle's workflow: strategy schedule_mode "VPP", PipelineLayer(topology=hcg.topology(),
+    num_virtual_pipeline_stages=2), fleet.distributed_model / distributed_optimizer (its hybrid clip); the tied
+    embedding (chunk 0, stage 0) and head (chunk 3, stage 1)."""
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
+    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    ref = reference("tied")
+    stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss, num_virtual_pipeline_stages=2)
+    copy_from(stage, ref)
+    model = fleet.distributed_model(stage)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    inner._grad_clip = ClipGradByGlobalNorm(clip)
+    opt = fleet.distributed_optimizer(inner)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    d_loss = []
+    for step in range(4):
+        x, y = tied_batch(step, ROWS, 0)
+        loss = model.train_batch([x, y], opt)
+        ref_loss = torch.stack([tied_loss(ref(*_rows(x, i, 4)), _rows(y, i, 4)) for i in range(4)]).mean()
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        assert torch.nn.utils.clip_grad_norm_(ref.parameters(), clip) > 2 * clip  # the clip does act
+        ref_opt.step()
+        d_loss.append(max_abs_diff(loss, ref_loss.detach()))
+    return {"loss": worst(d_loss), "param": max_abs_diff(stage.state_dict(), ref.state_dict()),
+            "eval": 0.0, "names": sorted(stage.state_dict())}
+
+
+def test_fleet_vpp_tied_layers_with_hybrid_clip():
+    results = run_ranks(_fleet_vpp, world_size=2, args=(0.05,), timeout=180)
+    _ok(results)
+    assert results[0]["names"] == ["2.fc.bias", "2.fc.weight", "shared_layers.embed.word_embeddings.weight"]
+
+
 # -- fewer micro-batches than stages -------------------------------------------------------------------------------
 @pytest.mark.parametrize("virtual", [None, 2])
 def test_one_micro_batch_on_pp2(virtual):
@@ -232,7 +270,9 @@ def _bad_calls(rank, world):
                  lambda: model.train_batch([list(x.chunk(4)), y], opt),
                  lambda: PipelineParallel(stage, accumulate_steps=2, micro_batch_size=4, schedule="VPP"),
                  lambda: PipelineLayer(mlp_descs(), num_stages=2, num_virtual_pipeline_stages=3),
-                 lambda: PipelineLayer(deep_descs(), num_stages=2, num_virtual_pipeline_stages=2).forward(x)):
+                 lambda: PipelineLayer(deep_descs(), num_stages=2, num_virtual_pipeline_stages=2).forward(x),
+                 lambda: PipelineParallel(PipelineLayer(deep_descs(), num_stages=2, loss_fn=_ce,
+                                                        num_virtual_pipeline_stages=2), accumulate_steps=5)):
         try:
             call()
             msgs.append(None)
@@ -243,12 +283,13 @@ def _bad_calls(rank, world):
 
 def test_bad_pipeline_calls_fail_with_one_line():
     for msgs in run_ranks(_bad_calls, world_size=2, timeout=120):
-        idx, listed, vpp, chunks, forward = msgs
+        idx, listed, vpp, chunks, forward, rounds = msgs
         assert "loss_fn_idx=2 names no loss function" in idx
         assert "a list of 4 but accumulate_steps is 2" in listed
         assert "num_virtual_pipeline_stages > 1" in vpp
         assert "5 layer(s) for 2 stages x 3 virtual" in chunks
         assert "chunk_id=i" in forward
+        assert "accumulate_steps=5 does not fit the 1F1B schedule over 2 stages" in rounds
         assert not any("\n" in m for m in msgs)
 
 

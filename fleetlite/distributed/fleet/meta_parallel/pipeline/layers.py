@@ -95,9 +95,11 @@ class SegmentLayers:
         self.total_parts = num_parts * (num_virtual_pipeline_stage or 1)
         self.num_items = len(self._layers_desc)
         if self.num_items < self.total_parts:
-            chunks = f" x {num_virtual_pipeline_stage} virtual" if (num_virtual_pipeline_stage or 1) > 1 else ""
+            virtual = (num_virtual_pipeline_stage or 1) > 1
+            chunks = f" x {num_virtual_pipeline_stage} virtual" if virtual else ""
             raise ValueError(f"the pipeline has {self.num_items} layer(s) for {num_parts} stages{chunks}: every "
-                             "stage needs at least one layer; use fewer stages (pp_degree) or describe more layers")
+                             f"stage needs at least one layer; use fewer stages (pp_degree"
+                             f"{' or num_virtual_pipeline_stages' if virtual else ''}) or describe more layers")
 
     def do_segment(self) -> list[int]:
         if isinstance(self.method, list):

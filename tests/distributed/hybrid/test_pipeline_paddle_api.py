@@ -89,7 +89,8 @@ def _train(rank, world, kind, pp, acc, virtual=None, mode="1F1B", seg="uniform",
                           num_virtual_pipeline_stages=virtual)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=acc, micro_batch_size=ROWS // acc, schedule=mode)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    # a stage of parameter-free layers only (pp4 x 2 over deep_descs: the Tanh) steps an optimizer of nothing
+    opt = torch.optim.AdamW(list(model.parameters()) or [nn.Parameter(torch.zeros(1))], lr=0.05)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
     d_loss, d_micro = [], []
     for step in range(steps):
@@ -332,3 +333,10 @@ def test_fp16_amp_within_paddles_tolerance(virtual):
     for r in run_ranks(_amp, world_size=2, args=(virtual,), timeout=180):
         assert r["rel"] < 5e-5, r  # Paddle's assert_allclose(loss_a, loss_b, rtol=5e-5)
         assert r["param"] < 1e-3 and r["effect"] > 1e-5, r
+
+
+def test_interleaved_pp4_v2_one_layer_chunks():
+    """pp4 x 2 virtual stages over eight layers: one layer a chunk, some without parameters (the Tanh)."""
+    results = run_ranks(_train, world_size=4, args=("deep", 4, 4, 2, "VPP"), timeout=300)
+    _ok(results, ("loss", "micro", "param", "eval"))
+    assert results[1]["names"] == [] and results[0]["names"] == ["0.bias", "0.weight", "4.bias", "4.weight"]

@@ -43,55 +43,15 @@ from typing import Any
 import torch
 import torch.distributed as td
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleLoopedBFS,
-)
+from torch.distributed.pipelining import PipelineStage
 
 from .....parallel.wrapped import WrappedModel
 from ..hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .layers import PipelineLayer
+from .schedules import schedule_class as _schedule_class
+from .schedules import split_micro_batches as _split
 
 __all__ = ["PipelineParallel"]
-
-_MODES = ("1F1B", "FThenB", "F-then-B", "VPP")
-
-
-def _schedule_class(mode: str, n: int, stages: int, virtual: int) -> type:
-    """Note [pipeline schedules]."""
-    if mode not in _MODES:
-        raise ValueError(f"pipeline schedule_mode {mode!r} is not supported; use one of {list(_MODES)}")
-    if virtual > 1:
-        return ScheduleLoopedBFS if mode in ("FThenB", "F-then-B") else ScheduleInterleaved1F1B
-    if mode == "VPP":
-        raise ValueError("schedule_mode 'VPP' interleaves model chunks: build the PipelineLayer with "
-                         "num_virtual_pipeline_stages > 1, or use '1F1B' / 'FThenB'")
-    return Schedule1F1B if mode == "1F1B" and n >= stages else ScheduleGPipe
-
-
-def _split(value: Any, n: int, size: int, what: str) -> list[Any]:
-    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple of tensors; a list is the micro-batches
-    already (Paddle's list form: one entry per micro-batch); other values repeat."""
-    if isinstance(value, list):
-        if len(value) != n:
-            raise ValueError(f"the {what} micro-batches are a list of {len(value)} but accumulate_steps is {n}; "
-                             "give one entry per micro-batch (or one batch of accumulate_steps * micro_batch_size "
-                             "rows, not a list)")
-        return list(value)
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.shape[0] != n * size:
-            raise ValueError(f"the {what} batch has {value.shape[0] if value.dim() else 0} rows but the pipeline "
-                             f"expects accumulate_steps * micro_batch_size = {n} * {size} = {n * size}; change "
-                             "the batch size or strategy.pipeline_configs")
-        return list(value.split(size))
-    if isinstance(value, tuple):
-        parts = [_split(v, n, size, what) for v in value]
-        return [tuple(p[i] for p in parts) for i in range(n)]
-    return [value] * n
-
 
 def _group_ranks(group: Any) -> list[int]:
     return td.get_process_group_ranks(group) if group is not None else list(range(td.get_world_size()))

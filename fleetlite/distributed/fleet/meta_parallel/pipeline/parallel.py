@@ -71,6 +71,8 @@ class PipelineParallel(WrappedModel):
     ``accumulate_steps`` / ``micro_batch_size`` / ``schedule`` directly.
     """
 
+    step_runner = "pipeline"  # the Trainer's steps run through train_batch / eval_batch (Note [step runners])
+
     def __init__(self, layers: PipelineLayer, hcg: Any = None, strategy: Any = None, *,
                  accumulate_steps: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None) -> None:

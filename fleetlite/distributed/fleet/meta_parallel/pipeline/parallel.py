@@ -69,6 +69,8 @@ class PipelineParallel(WrappedModel):
     ``schedule`` directly.
     """
 
+    step_runner = "pipeline"  # the Trainer's steps run through train_batch / eval_batch (Note [step runners])
+
     def __init__(self, layers: PipelineLayer, hcg: Any = None, strategy: Any = None, *,
                  accumulate_steps: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None) -> None:

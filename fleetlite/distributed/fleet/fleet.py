@@ -28,6 +28,7 @@ from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .base import topology as _topology
 from .context import get_strategy
+from .meta_parallel.hybrid_stage3 import distributed_stage3, wants_stage3
 from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
 from .recompute import apply_recompute, resolve_checkpoints
@@ -262,7 +263,9 @@ def distributed_model(model: nn.Module) -> nn.Module:
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
     hcg = _state.hcg
-    if hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
+    if wants_stage3(hcg, strategy):  # stage 3 beside mp: FSDP2 over dp x sharding (Note [stage 3 beside mp and pp])
+        wrapped = distributed_stage3(model, strategy, hcg)
+    elif hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
         wrapped = _pipeline_parallel(model, strategy, hcg)
     elif hcg is not None and hcg.get_model_parallel_world_size() > 1:
         wrapped = _tensor_parallel(model, strategy, hcg)

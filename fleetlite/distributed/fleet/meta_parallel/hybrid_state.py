@@ -75,13 +75,20 @@ def _mp(param: torch.Tensor) -> tuple[int, int]:
     return td.get_world_size(param.mp_group), td.get_rank(param.mp_group)
 
 
+def _unsharded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole on this rank: a stage-3 shard (a DTensor: Note [stage 3 beside mp and pp]) gathered over its
+    data mesh (collective), any other tensor as it is."""
+    return t.full_tensor().detach() if hasattr(t, "full_tensor") else t.detach()
+
+
 @torch.no_grad()
 def _gather_slice(t: torch.Tensor) -> torch.Tensor:
     n, _ = _mp(t)
+    local = _unsharded(t)
     if n == 1:
-        return t.detach()
-    parts = [torch.empty_like(t) for _ in range(n)]
-    td.all_gather(parts, t.detach().contiguous(), group=t.mp_group)
+        return local
+    parts = [torch.empty_like(local) for _ in range(n)]
+    td.all_gather(parts, local.contiguous(), group=t.mp_group)
     return torch.cat(parts, dim=t.split_axis)
 
 
@@ -95,7 +102,7 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any =
     """
     own = module.state_dict(keep_vars=True)
     out = {k: _gather_slice(v) if isinstance(v, torch.Tensor) and is_split(v) else
-           (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
+           (_unsharded(v) if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
     if _pipeline(module) is not None and pp_group is not None and td.get_world_size(pp_group) > 1:
         stages: list[Any] = [None] * td.get_world_size(pp_group)
         td.all_gather_object(stages, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()},
@@ -150,6 +157,11 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], stric
                                    f"{tuple(target.shape)} is 1/{n} of it along axis {target.split_axis}; pass the "
                                    "full (single-process) state")
             value = value.chunk(n, dim=target.split_axis)[r]
+        if hasattr(target, "device_mesh") and isinstance(value, torch.Tensor) and not hasattr(value, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor  # a stage-3 shard: this rank's part, no message
+
+            value = distribute_tensor(value.to(target.device), target.device_mesh, target.placements,
+                                      src_data_rank=None)
         mine[key] = value
     return module.load_state_dict(mine, strict=strict)
 

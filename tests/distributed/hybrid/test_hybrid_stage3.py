@@ -1,0 +1,109 @@
+"""Sharding stage 3 (FSDP2) beside tensor parallelism (Note [stage 3 beside mp and pp]): mp2 × sharding2 on 4 ranks,
+through ``fleet.distributed_model`` / ``distributed_optimizer`` and through Paddle's ``group_sharded_parallel(...,
+group=hcg.get_sharding_parallel_group())``, trains like a hand-written single-process model from the same full
+weights on the global batch (AdamW, global-norm clipping of the whole model), every rank's shards checked against
+the reference's; each rank holds a quarter of the model (half of mp2 × dp2's parameter bytes); the full state
+gathers to the single-process model's state and loads back into the shards."""
+
+import pytest
+import torch
+import torch.distributed as tdist
+from parity import max_abs_diff, worst
+from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
+from tp_models import RefModel, TPModel, copy_from, local_slice, train_with_reference
+
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet.meta_parallel.hybrid_stage3 import HybridStage3
+from fleetlite.distributed.sharding import group_sharded_parallel
+from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+STAGE3 = {"sharding": True, "sharding_configs": {"stage": 3}}
+MP2_SHARDING2 = {"mp_degree": 2, "sharding_degree": 2}
+
+
+def _shard_of(full, param, hcg):
+    """The reference's part of ``param``: its mp slice, then FSDP2's dim-0 chunk for this data × sharding rank."""
+    part = local_slice(full, param, hcg)
+    n, r = hcg.get_data_sharding_parallel_world_size(), hcg.get_data_sharding_parallel_rank()
+    return part.chunk(n, dim=0)[r]
+
+
+def _shard_diff(model, ref, hcg):
+    ref_params = dict(ref.named_parameters())
+    return worst(max_abs_diff(p.to_local(), _shard_of(ref_params[n].detach(), p, hcg))
+                 for n, p in model.module.named_parameters())
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _stage3(rank, world, api):
+    hcg = _init(MP2_SHARDING2, **(STAGE3 if api == "fleet" else {}))
+    torch.manual_seed(0)
+    ref, model = RefModel(), TPModel()
+    copy_from(model, ref, hcg)
+    mp_dp_bytes = _nbytes(model.parameters())  # what mp2 x dp2 (TensorParallel) keeps per rank: the whole slices
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt._grad_clip = ClipGradByGlobalNorm(CLIP)
+    if api == "fleet":
+        model = fleet.distributed_model(model)
+        opt = fleet.distributed_optimizer(opt)
+    else:
+        model, opt, _ = group_sharded_parallel(model, opt, level="p_g_os", group=hcg.get_sharding_parallel_group())
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    part, parts = hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size()
+    grads = []
+    losses, ref_losses, norms, ref_norms = train_with_reference(
+        model, opt, ref, ref_opt, STEPS, BATCH, part, parts, CLIP,
+        after_backward=lambda _s: grads.append(_nbytes(p.grad.to_local() for p in model.parameters())))
+    full = torch.tensor(losses)
+    tdist.all_reduce(full, group=hcg.get_data_sharding_parallel_group())
+    full /= parts
+    out = dict(param=_shard_diff(model, ref, hcg), loss=max_abs_diff(full, torch.tensor(ref_losses)),
+               norm=max_abs_diff(torch.tensor(norms), torch.tensor(ref_norms)), clipped=max(ref_norms) > CLIP,
+               stage3=isinstance(model, HybridStage3),
+               bytes=_nbytes(p.to_local() for p in model.parameters()) / mp_dp_bytes,
+               grad_bytes=[g / mp_dp_bytes for g in grads],
+               state_bytes=_nbytes(v.to_local() for s in opt.state.values() for v in s.values()
+                                   if isinstance(v, torch.Tensor) and v.dim() > 0) / (2 * mp_dp_bytes))
+    # the full state: the single-process model's (gathered over data x sharding and mp), on every rank
+    out["full"] = max_abs_diff(dict(ref.state_dict()), model.full_state_dict())
+    out["full_keys"] = sorted(model.state_dict()) == sorted(ref.state_dict())
+    out["rank0_only"] = len(model.full_state_dict(rank0_only=True))
+    # ... and back: another single-process model's state loads into this rank's shards of its slices
+    torch.manual_seed(1)
+    other = RefModel()
+    model.load_full_state_dict(other.state_dict())
+    out["loaded"] = _shard_diff(model, other, hcg)
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("api", ["fleet", "group_sharded_parallel"])
+def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api):
+    out = run_ranks(_stage3, world_size=4, args=(api,), timeout=290)
+    for r in out:
+        assert r["stage3"], r
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["clipped"], r
+        assert r["bytes"] == pytest.approx(0.5, abs=0.05), r  # mp2 x stage3: half of mp2 x dp2's per rank
+        assert all(g == pytest.approx(0.5, abs=0.05) for g in r["grad_bytes"]), r  # gradients sharded as well
+        assert r["state_bytes"] == pytest.approx(0.5, abs=0.05), r  # AdamW's two moments of the shards
+        assert r["full"] <= 1e-5 and r["full_keys"], r
+        assert r["loaded"] == 0.0, r
+    assert [r["rank0_only"] for r in out] == [len(TPModel_keys()), 0, 0, 0]
+
+
+def TPModel_keys():
+    return RefModel().state_dict().keys()
+
+
+def test_stage3_beside_mp_is_accepted_and_beside_pp_refused():
+    strategy = fleet.DistributedStrategy(**STAGE3)
+    strategy.hybrid_configs = MP2_SHARDING2
+    strategy.check_supported(4)
+    strategy.hybrid_configs = {"pp_degree": 2, "sharding_degree": 2}
+    with pytest.raises(NotImplementedError) as info:
+        strategy.check_supported(4)
+    assert "sharding stage 3 together with pp_degree/sep_degree > 1 is not implemented" in str(info.value)

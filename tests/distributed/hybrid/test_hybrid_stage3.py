@@ -39,7 +39,30 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _stage3(rank, world, api):
+def _dcp_save(model, save_dir):
+    """Save the model to ``save_dir`` (DCP: the full tensors' shards)."""
+    import torch.distributed.checkpoint as dcp
+
+    from fleetlite.distributed.fleet.meta_parallel import hybrid_state
+
+    dcp.save(hybrid_state.dcp_state(model.module, writing=True), checkpoint_id=save_dir)
+
+
+def _dcp_load(model, hcg, load_dir):
+    """Load the single-process checkpoint at ``load_dir`` (written by the test from ``RefModel`` seeded 2) into this
+    rank's shards; how far they are from that model's."""
+    import torch.distributed.checkpoint as dcp
+
+    from fleetlite.distributed.fleet.meta_parallel import hybrid_state
+
+    state = hybrid_state.dcp_state(model.module)
+    dcp.load(state, checkpoint_id=load_dir)
+    hybrid_state.load_dcp_state(model.module, None, state)
+    torch.manual_seed(2)
+    return _shard_diff(model, RefModel(), hcg)
+
+
+def _stage3(rank, world, api, dirs=None):
     hcg = _init(MP2_SHARDING2, **(STAGE3 if api == "fleet" else {}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
@@ -68,6 +91,9 @@ def _stage3(rank, world, api):
                grad_bytes=[g / mp_dp_bytes for g in grads],
                state_bytes=_nbytes(v.to_local() for s in opt.state.values() for v in s.values()
                                    if isinstance(v, torch.Tensor) and v.dim() > 0) / (2 * mp_dp_bytes))
+    out["ref"] = {k: v.clone() for k, v in ref.state_dict().items()}
+    if dirs is not None:
+        _dcp_save(model, dirs[0])
     # the full state: the single-process model's (gathered over data x sharding and mp), on every rank
     out["full"] = max_abs_diff(dict(ref.state_dict()), model.full_state_dict())
     out["full_keys"] = sorted(model.state_dict()) == sorted(ref.state_dict())
@@ -77,13 +103,28 @@ def _stage3(rank, world, api):
     other = RefModel()
     model.load_full_state_dict(other.state_dict())
     out["loaded"] = _shard_diff(model, other, hcg)
+    if dirs is not None:
+        out["dcp_loaded"] = _dcp_load(model, hcg, dirs[1])
     return out
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("api", ["fleet", "group_sharded_parallel"])
-def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api):
-    out = run_ranks(_stage3, world_size=4, args=(api,), timeout=290)
+def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    dirs = None
+    if api == "fleet":  # DCP: mp2 x stage 3 -> one process, and one process -> mp2 x stage 3
+        dirs = (str(tmp_path / "stage3"), str(tmp_path / "one"))
+        torch.manual_seed(2)
+        dcp.save({"model": RefModel().state_dict()}, checkpoint_id=dirs[1], no_dist=True)
+    out = run_ranks(_stage3, world_size=4, args=(api, dirs), timeout=290)
+    if dirs is not None:
+        assert all(r["dcp_loaded"] == 0.0 for r in out), [r["dcp_loaded"] for r in out]
+        one = {"model": RefModel().state_dict()}
+        dcp.load(one, checkpoint_id=dirs[0], no_dist=True)
+        for r in out:  # every rank trained to the reference's weights, which the checkpoint holds whole
+            assert max_abs_diff(r["ref"], one["model"]) <= 1e-5
     for r in out:
         assert r["stage3"], r
         assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["clipped"], r

@@ -58,7 +58,11 @@ def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
     meshes: dict[int, Any] = {}
     out: dict[str, Any] = {}
     for key, value in model.state_dict(keep_vars=True).items():
-        if isinstance(value, torch.Tensor) and is_split(value):
+        if isinstance(value, DTensor) and is_split(value):  # a stage-3 shard of a slice
+            from .hybrid_stage3 import full_tensor_view
+
+            out[key] = full_tensor_view(value)
+        elif isinstance(value, torch.Tensor) and is_split(value):
             mesh = _mesh_of(value.mp_group, meshes, value.device.type)
             out[key] = DTensor.from_local(_local(value), mesh, [Shard(value.split_axis)], run_check=False)
         else:
@@ -79,6 +83,8 @@ def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
         for key, target in own.items():
             value = state[key]
             local = value.to_local() if isinstance(value, DTensor) else value
+            if isinstance(target, DTensor):  # a stage-3 shard: this rank's part (Note [stage 3 beside mp and pp])
+                target = target.to_local()
             if isinstance(target, torch.Tensor) and local.data_ptr() != target.data_ptr():
                 target.copy_(local)
 

@@ -43,8 +43,8 @@ from ....parallel.sharded import ShardedDataParallel
 from . import hybrid_state
 from .mp_layers import is_split
 
-__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "full_tensor_view", "wants_stage3", "global_norm_stage3", "clip_grad_norm_stage3", "is_stage3",
-           "STAGE3_ATTR"]
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "full_tensor_view", "wants_stage3", "global_norm_stage3",
+           "clip_grad_norm_stage3", "is_stage3", "STAGE3_ATTR"]
 
 #: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
 STAGE3_ATTR = "stage3_group"

@@ -42,14 +42,13 @@ from ....parallel.comm import broadcast_coalesced
 from ....parallel.sharded import ShardedDataParallel
 from . import hybrid_state
 from .mp_layers import is_split
+from .sharded_state import MESH_2D_ATTR
 
-__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "full_tensor_view", "wants_stage3", "global_norm_stage3",
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "wants_stage3", "global_norm_stage3",
            "clip_grad_norm_stage3", "is_stage3", "STAGE3_ATTR"]
 
 #: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
 STAGE3_ATTR = "stage3_group"
-#: and a slice's 2-D (data × sharding, mp) mesh, on which its shard is a piece of the full tensor (DCP)
-_MESH_2D_ATTR = "stage3_data_mp_mesh"
 _TAGS = ("split_axis", "mp_group", "is_firstly_shared")
 
 
@@ -81,21 +80,6 @@ def data_mp_mesh(hcg: Any) -> Any:
     """The 2-D ``DeviceMesh`` (data × sharding, mp) of this rank, from the hcg's named mesh (see :func:`data_mesh`)."""
     mesh, name = hcg.mesh, data_mesh(hcg).mesh_dim_names[0]  # (flattened first when dp and sharding both > 1)
     return mesh[(name, "mp")]
-
-
-def full_tensor_view(param: torch.Tensor) -> torch.Tensor:
-    """A stage-3 slice's shard as a ``DTensor`` of the *full* tensor on the (data × sharding, mp) mesh, sharing
-    its storage: the slice is a ``Shard(split_axis)`` over mp, FSDP2's part of it a dim-0 chunk over data ×
-    sharding (``_StridedShard`` when both are dim 0, as FSDP2 lays out its own 2-D parameters). DCP saves it with
-    its offsets in the full tensor, so the checkpoint loads into one process or another layout."""
-    from torch.distributed.tensor import DTensor, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    mesh = getattr(param, _MESH_2D_ATTR)
-    axis, mp = param.split_axis, mesh.size(1)
-    placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
-    local = param.to_local().detach()
-    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False)
 
 
 def is_stage3(params: Iterable[torch.Tensor]) -> bool:
@@ -168,7 +152,7 @@ class HybridStage3(ShardedDataParallel):
                 setattr(p, attr, value)
             setattr(p, STAGE3_ATTR, group)
             if is_split(p):
-                setattr(p, _MESH_2D_ATTR, mesh_2d)
+                setattr(p, MESH_2D_ATTR, mesh_2d)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients by the full model's global norm (each element once over data, sharding and mp)."""

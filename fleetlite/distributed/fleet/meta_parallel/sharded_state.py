@@ -28,6 +28,25 @@ __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_s
            "load_sharded_optimizer_state_dict"]
 
 
+#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp and pp]), set by ``HybridStage3``
+MESH_2D_ATTR = "stage3_data_mp_mesh"
+
+
+def full_tensor_view(param: torch.Tensor) -> torch.Tensor:
+    """A stage-3 slice's shard as a ``DTensor`` of the *full* tensor on the (data × sharding, mp) mesh, sharing
+    its storage: the slice is a ``Shard(split_axis)`` over mp, FSDP2's part of it a dim-0 chunk over data ×
+    sharding (``_StridedShard`` when both are dim 0, as FSDP2 lays out its own 2-D parameters). DCP saves it with
+    its offsets in the full tensor, so the checkpoint loads into one process or another layout."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = getattr(param, MESH_2D_ATTR)
+    axis, mp = param.split_axis, mesh.size(1)
+    placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
+    local = param.to_local().detach()
+    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False)
+
+
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -59,8 +78,6 @@ def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in model.state_dict(keep_vars=True).items():
         if isinstance(value, DTensor) and is_split(value):  # a stage-3 shard of a slice
-            from .hybrid_stage3 import full_tensor_view
-
             out[key] = full_tensor_view(value)
         elif isinstance(value, torch.Tensor) and is_split(value):
             mesh = _mesh_of(value.mp_group, meshes, value.device.type)

@@ -98,6 +98,17 @@ def _stage3(rank, world, api, dirs=None):
     out["full"] = max_abs_diff(dict(ref.state_dict()), model.full_state_dict())
     out["full_keys"] = sorted(model.state_dict()) == sorted(ref.state_dict())
     out["rank0_only"] = len(model.full_state_dict(rank0_only=True))
+    # the optimizer: the single-process optimizer's full state on rank 0, and a full state loads into the shards
+    mine, theirs = opt.state_dict(), ref_opt.state_dict()["state"]
+    if rank == 0:
+        out["opt_full"] = worst(max_abs_diff(mine["state"][i][k], v) for i, entry in theirs.items()
+                                for k, v in entry.items())
+        mine = {"state": {i: {k: v * 2 if k != "step" else v for k, v in entry.items()}
+                          for i, entry in mine["state"].items()}, "param_groups": mine["param_groups"]}
+    opt.load_state_dict(mine)  # (rank 0's full state, broadcast)
+    out["opt_loaded"] = worst(max_abs_diff(opt.state[p][k].to_local(), _shard_of(2 * v, p, hcg))
+                              for p, (i, entry) in zip(model.parameters(), sorted(theirs.items()))
+                              for k, v in entry.items() if k != "step")
     # ... and back: another single-process model's state loads into this rank's shards of its slices
     torch.manual_seed(1)
     other = RefModel()
@@ -133,6 +144,8 @@ def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(
         assert r["state_bytes"] == pytest.approx(0.5, abs=0.05), r  # AdamW's two moments of the shards
         assert r["full"] <= 1e-5 and r["full_keys"], r
         assert r["loaded"] == 0.0, r
+        assert r["opt_loaded"] <= 1e-5, r  # (twice the trained state, which is the reference's within 1e-5)
+    assert out[0]["opt_full"] <= 1e-5, out[0]
     assert [r["rank0_only"] for r in out] == [len(TPModel_keys()), 0, 0, 0]
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as tdist
 from parity import max_abs_diff, worst
 from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
-from tp_models import RefModel, TPModel, copy_from, local_slice, train_with_reference
+from tp_models import RefModel, TPModel, copy_from, data, local_slice, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel.hybrid_stage3 import HybridStage3
@@ -39,27 +39,44 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _dcp_save(model, save_dir):
-    """Save the model to ``save_dir`` (DCP: the full tensors' shards)."""
+def _one_process(seed):
+    """A single-process model seeded ``seed`` and its AdamW after one step (state to save), with the flattened
+    optimizer state DCP holds (torch's ``flatten_optimizer_state_dict``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    torch.manual_seed(seed)
+    model = RefModel()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(*[t[:4] for t in data(1, 4)[0]]).backward()
+    opt.step()
+    flat = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    return model, opt, flat
+
+
+def _dcp_save(model, opt, save_dir):
+    """Save the model and optimizer to ``save_dir`` (DCP: the full tensors' shards)."""
     import torch.distributed.checkpoint as dcp
 
     from fleetlite.distributed.fleet.meta_parallel import hybrid_state
 
-    dcp.save(hybrid_state.dcp_state(model.module, writing=True), checkpoint_id=save_dir)
+    dcp.save(hybrid_state.dcp_state(model.module, opt, writing=True), checkpoint_id=save_dir)
 
 
-def _dcp_load(model, hcg, load_dir):
-    """Load the single-process checkpoint at ``load_dir`` (written by the test from ``RefModel`` seeded 2) into this
-    rank's shards; how far they are from that model's."""
+def _dcp_load(model, opt, hcg, load_dir):
+    """Load the single-process checkpoint at ``load_dir`` (``_one_process(2)``, written by the test) into this rank's
+    shards; how far its model and optimizer shards are from that model's."""
     import torch.distributed.checkpoint as dcp
 
     from fleetlite.distributed.fleet.meta_parallel import hybrid_state
 
-    state = hybrid_state.dcp_state(model.module)
+    state = hybrid_state.dcp_state(model.module, opt)
     dcp.load(state, checkpoint_id=load_dir)
-    hybrid_state.load_dcp_state(model.module, None, state)
-    torch.manual_seed(2)
-    return _shard_diff(model, RefModel(), hcg)
+    hybrid_state.load_dcp_state(model.module, opt, state)
+    ref, ref_opt, _ = _one_process(2)
+    theirs = {n: ref_opt.state[p] for n, p in ref.named_parameters()}
+    optim = worst(max_abs_diff(opt.state[p][k].to_local(), _shard_of(v, p, hcg))
+                  for n, p in model.module.named_parameters() for k, v in theirs[n].items() if k != "step")
+    return _shard_diff(model, ref, hcg), optim
 
 
 def _stage3(rank, world, api, dirs=None):
@@ -93,7 +110,8 @@ def _stage3(rank, world, api, dirs=None):
                                    if isinstance(v, torch.Tensor) and v.dim() > 0) / (2 * mp_dp_bytes))
     out["ref"] = {k: v.clone() for k, v in ref.state_dict().items()}
     if dirs is not None:
-        _dcp_save(model, dirs[0])
+        _dcp_save(model, opt, dirs[0])
+        out["ref_optim"] = {n: {k: v.clone() for k, v in ref_opt.state[p].items()} for n, p in ref.named_parameters()}
     # the full state: the single-process model's (gathered over data x sharding and mp), on every rank
     out["full"] = max_abs_diff(dict(ref.state_dict()), model.full_state_dict())
     out["full_keys"] = sorted(model.state_dict()) == sorted(ref.state_dict())
@@ -115,7 +133,7 @@ def _stage3(rank, world, api, dirs=None):
     model.load_full_state_dict(other.state_dict())
     out["loaded"] = _shard_diff(model, other, hcg)
     if dirs is not None:
-        out["dcp_loaded"] = _dcp_load(model, hcg, dirs[1])
+        out["dcp_loaded"] = _dcp_load(model, opt, hcg, dirs[1])
     return out
 
 
@@ -127,15 +145,19 @@ def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(
     dirs = None
     if api == "fleet":  # DCP: mp2 x stage 3 -> one process, and one process -> mp2 x stage 3
         dirs = (str(tmp_path / "stage3"), str(tmp_path / "one"))
-        torch.manual_seed(2)
-        dcp.save({"model": RefModel().state_dict()}, checkpoint_id=dirs[1], no_dist=True)
+        one_model, _, one_optim = _one_process(2)
+        dcp.save({"model": one_model.state_dict(), "optim": one_optim}, checkpoint_id=dirs[1], no_dist=True)
     out = run_ranks(_stage3, world_size=4, args=(api, dirs), timeout=290)
     if dirs is not None:
-        assert all(r["dcp_loaded"] == 0.0 for r in out), [r["dcp_loaded"] for r in out]
-        one = {"model": RefModel().state_dict()}
+        assert all(r["dcp_loaded"] == (0.0, 0.0) for r in out), [r["dcp_loaded"] for r in out]
+        one_model, one_opt, one_optim = _one_process(3)  # (other values, filled by the load)
+        one = {"model": one_model.state_dict(), "optim": one_optim}
         dcp.load(one, checkpoint_id=dirs[0], no_dist=True)
-        for r in out:  # every rank trained to the reference's weights, which the checkpoint holds whole
+        for r in out:  # every rank trained to the reference's weights and state, which the checkpoint holds whole
             assert max_abs_diff(r["ref"], one["model"]) <= 1e-5
+            for name, entry in r["ref_optim"].items():
+                for k, v in entry.items():
+                    assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
     for r in out:
         assert r["stage3"], r
         assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["clipped"], r

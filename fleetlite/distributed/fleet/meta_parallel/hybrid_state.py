@@ -45,7 +45,7 @@ import torch.distributed as td
 from torch import nn
 
 from .mp_layers import is_split
-from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
+from .sharded_state import _local, _mesh_of, _torch_optimizer, full_tensor_view, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
            "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state", "full_optimizer_state",
@@ -332,6 +332,8 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
         p = params.get(fqn)
         if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
             return value
+        if isinstance(value, DTensor):  # stage 3 beside mp: a piece of the full state (Note [stage 3 beside mp and pp])
+            return full_tensor_view(p, value)
         return DTensor.from_local(_local(value), _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
                                   run_check=False)
 
@@ -360,6 +362,23 @@ def _to_local(value: Any) -> Any:
     return value
 
 
+def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
+    """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
+    DTensor: Note [stage 3 beside mp and pp]): there a DTensor laid out like the parameter."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(module.named_parameters())
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        p = params.get(_param_of(key))
+        if isinstance(value, DTensor) and isinstance(p, DTensor):
+            out[key] = value if value.device_mesh is p.device_mesh else DTensor.from_local(
+                value.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        else:
+            out[key] = _to_local(value)
+    return out
+
+
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
     """Put a :func:`dcp_state` that ``dcp.load`` filled back into ``module`` (and ``optimizer`` unless None).
 
@@ -376,7 +395,7 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
     if optimizer is None or "optim" not in state:
         return
     if flat:
-        load_flat_optimizer_state(module, optimizer, _to_local(state["optim"]))
+        load_flat_optimizer_state(module, optimizer, _in_param_layout(module, state["optim"]))
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]

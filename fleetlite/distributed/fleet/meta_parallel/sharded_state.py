@@ -32,18 +32,19 @@ __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_s
 MESH_2D_ATTR = "stage3_data_mp_mesh"
 
 
-def full_tensor_view(param: torch.Tensor) -> torch.Tensor:
+def full_tensor_view(param: torch.Tensor, shard: torch.Tensor | None = None) -> torch.Tensor:
     """A stage-3 slice's shard as a ``DTensor`` of the *full* tensor on the (data × sharding, mp) mesh, sharing
     its storage: the slice is a ``Shard(split_axis)`` over mp, FSDP2's part of it a dim-0 chunk over data ×
     sharding (``_StridedShard`` when both are dim 0, as FSDP2 lays out its own 2-D parameters). DCP saves it with
-    its offsets in the full tensor, so the checkpoint loads into one process or another layout."""
+    its offsets in the full tensor, so the checkpoint loads into one process or another layout. ``shard``: a
+    tensor laid out like the parameter (its optimizer state, a DTensor on the same mesh) instead of it."""
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     mesh = getattr(param, MESH_2D_ATTR)
     axis, mp = param.split_axis, mesh.size(1)
     placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
-    local = param.to_local().detach()
+    local = (param if shard is None else shard).to_local().detach()
     return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False)
 
 

@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -79,7 +80,9 @@ def data_mesh(hcg: Any) -> Any:
 def data_mp_mesh(hcg: Any) -> Any:
     """The 2-D ``DeviceMesh`` (data × sharding, mp) of this rank, from the hcg's named mesh (see :func:`data_mesh`)."""
     mesh, name = hcg.mesh, data_mesh(hcg).mesh_dim_names[0]  # (flattened first when dp and sharding both > 1)
-    return mesh[(name, "mp")]
+    with warnings.catch_warnings():  # torch's notice that slicing a flattened dimension will change: still ours
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+        return mesh[(name, "mp")]
 
 
 def is_stage3(params: Iterable[torch.Tensor]) -> bool:

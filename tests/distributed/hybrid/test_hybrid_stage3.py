@@ -26,7 +26,8 @@ def _shard_of(full, param, hcg):
     """The reference's part of ``param``: its mp slice, then FSDP2's dim-0 chunk for this data × sharding rank."""
     part = local_slice(full, param, hcg)
     n, r = hcg.get_data_sharding_parallel_world_size(), hcg.get_data_sharding_parallel_rank()
-    return part.chunk(n, dim=0)[r]
+    chunks = list(part.chunk(n, dim=0))  # torch.chunk's sizes; FSDP2 gives the ranks past the last chunk 0 rows
+    return (chunks + [part[:0]] * n)[r]
 
 
 def _shard_diff(model, ref, hcg):
@@ -79,8 +80,8 @@ def _dcp_load(model, opt, hcg, load_dir):
     return _shard_diff(model, ref, hcg), optim
 
 
-def _stage3(rank, world, api, dirs=None):
-    hcg = _init(MP2_SHARDING2, **(STAGE3 if api == "fleet" else {}))
+def _stage3(rank, world, api, dirs=None, hybrid=MP2_SHARDING2):
+    hcg = _init(hybrid, **(STAGE3 if api == "fleet" else {}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -137,27 +138,39 @@ def _stage3(rank, world, api, dirs=None):
     return out
 
 
+def _one_process_checkpoint(tmp_path):
+    """(where the ranks save, a single-process DCP checkpoint of ``_one_process(2)`` for them to load)."""
+    import torch.distributed.checkpoint as dcp
+
+    dirs = (str(tmp_path / "stage3"), str(tmp_path / "one"))
+    one_model, _, one_optim = _one_process(2)
+    dcp.save({"model": one_model.state_dict(), "optim": one_optim}, checkpoint_id=dirs[1], no_dist=True)
+    return dirs
+
+
+def _check_dcp(out, dirs):
+    """Every rank loaded the single-process checkpoint into its shards, and the ranks' checkpoint loads into one
+    process as the reference's trained weights and AdamW state."""
+    import torch.distributed.checkpoint as dcp
+
+    assert all(r["dcp_loaded"] == (0.0, 0.0) for r in out), [r["dcp_loaded"] for r in out]
+    one_model, _, one_optim = _one_process(3)  # (other values, filled by the load)
+    one = {"model": one_model.state_dict(), "optim": one_optim}
+    dcp.load(one, checkpoint_id=dirs[0], no_dist=True)
+    for r in out:
+        assert max_abs_diff(r["ref"], one["model"]) <= 1e-5
+        for name, entry in r["ref_optim"].items():
+            for k, v in entry.items():
+                assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("api", ["fleet", "group_sharded_parallel"])
 def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, tmp_path):
-    import torch.distributed.checkpoint as dcp
-
-    dirs = None
-    if api == "fleet":  # DCP: mp2 x stage 3 -> one process, and one process -> mp2 x stage 3
-        dirs = (str(tmp_path / "stage3"), str(tmp_path / "one"))
-        one_model, _, one_optim = _one_process(2)
-        dcp.save({"model": one_model.state_dict(), "optim": one_optim}, checkpoint_id=dirs[1], no_dist=True)
+    dirs = _one_process_checkpoint(tmp_path) if api == "fleet" else None  # DCP: to one process and back
     out = run_ranks(_stage3, world_size=4, args=(api, dirs), timeout=290)
     if dirs is not None:
-        assert all(r["dcp_loaded"] == (0.0, 0.0) for r in out), [r["dcp_loaded"] for r in out]
-        one_model, one_opt, one_optim = _one_process(3)  # (other values, filled by the load)
-        one = {"model": one_model.state_dict(), "optim": one_optim}
-        dcp.load(one, checkpoint_id=dirs[0], no_dist=True)
-        for r in out:  # every rank trained to the reference's weights and state, which the checkpoint holds whole
-            assert max_abs_diff(r["ref"], one["model"]) <= 1e-5
-            for name, entry in r["ref_optim"].items():
-                for k, v in entry.items():
-                    assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
+        _check_dcp(out, dirs)
     for r in out:
         assert r["stage3"], r
         assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["clipped"], r
@@ -169,6 +182,23 @@ def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(
         assert r["opt_loaded"] <= 1e-5, r  # (twice the trained state, which is the reference's within 1e-5)
     assert out[0]["opt_full"] <= 1e-5, out[0]
     assert [r["rank0_only"] for r in out] == [len(TPModel_keys()), 0, 0, 0]
+
+
+@pytest.mark.timeout(600)
+def test_dp2_mp2_sharding2_stage3_on_eight_ranks_shards_over_dp_and_sharding(tmp_path):
+    """dp and sharding both > 1: FSDP2 over the two flattened (the hcg's dp x sharding ranks), an eighth of the model
+    per rank, unevenly (DCP included)."""
+    dirs = _one_process_checkpoint(tmp_path)
+    out = run_ranks(_stage3, world_size=8, args=("fleet", dirs, {"dp_degree": 2, **MP2_SHARDING2}), timeout=590)
+    _check_dcp(out, dirs)
+    for r in out:
+        assert r["stage3"] and r["clipped"], r
+        assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5 and r["full"] <= 1e-5, r
+        assert r["loaded"] == 0.0 and r["opt_loaded"] <= 1e-5, r
+    assert out[0]["opt_full"] <= 1e-5, out[0]
+    # each element once over the 4 data ranks of an mp rank (uneven here: 6 rows in 4 parts are 2, 2, 2, 0)
+    assert sum(r["bytes"] for r in out) == pytest.approx(2.0) and sum(r["state_bytes"] for r in out) == \
+        pytest.approx(2.0)
 
 
 def TPModel_keys():

@@ -45,7 +45,11 @@ def full_tensor_view(param: torch.Tensor, shard: torch.Tensor | None = None) -> 
     axis, mp = param.split_axis, mesh.size(1)
     placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
     local = (param if shard is None else shard).to_local().detach()
-    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False)
+    shape = list(param.shape)  # the slice's (FSDP2's global shape), times mp along split_axis: the full tensor's
+    shape[axis] *= mp
+    full = torch.Size(shape)
+    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False,
+                              shape=full, stride=torch.empty(full, device="meta").stride())
 
 
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:

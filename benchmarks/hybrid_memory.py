@@ -3,7 +3,7 @@
 4 ranks on gloo, one thread each, the recipe's GPT (fleetlite.text.gpt) widened to --width 512 (4 layers, 8
 heads, byte vocabulary 256) so the weights dominate. Configurations, each in a fresh set of 4 processes (so
 peak RSS is its own): dp=4 (the peer: plain data parallel), mp=2 x dp=2, pp=2 x dp=2, mp=4, and mp=2 x sharding=2
-with sharding stage 3 (FSDP2 over the sharding axis beside tensor parallelism: Note [stage 3 beside mp and pp]).
+with sharding stage 3 (FSDP2 over the sharding axis beside tensor parallelism: Note [stage 3 beside mp]).
 "Parameter bytes", "gradient bytes" (after the last backward, before its step; not measured for pp, whose
 backward runs inside train_batch) and "optimizer bytes" are counted from the tensors each rank holds (its
 slices / its stage / its shards; AdamW's exp_avg and exp_avg_sq); the largest rank is reported. Step time is the

@@ -263,7 +263,7 @@ def distributed_model(model: nn.Module) -> nn.Module:
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
     hcg = _state.hcg
-    if wants_stage3(hcg, strategy):  # stage 3 beside mp: FSDP2 over dp x sharding (Note [stage 3 beside mp and pp])
+    if wants_stage3(hcg, strategy):  # stage 3 beside mp: FSDP2 over dp x sharding (Note [stage 3 beside mp])
         wrapped = distributed_stage3(model, strategy, hcg)
     elif hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
         wrapped = _pipeline_parallel(model, strategy, hcg)

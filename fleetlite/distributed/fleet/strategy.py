@@ -287,7 +287,7 @@ class DistributedStrategy:
 
     def _check_hybrid_sharding(self) -> None:
         """Sharding next to mp/pp: stages 1 and 2 over hybrid_configs' sharding axis (Notes [sharding with mp and pp],
-        [hybrid sharding stage 2]); stage 3 beside mp on FSDP2 over dp x sharding (Note [stage 3 beside mp and pp]),
+        [hybrid sharding stage 2]); stage 3 beside mp on FSDP2 over dp x sharding (Note [stage 3 beside mp]),
         beside pp refused."""
         hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
         stage, hsd = cfg["stage"], hybrid["sharding_degree"]

@@ -37,7 +37,7 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
     ignored. ``group``: the hybrid communicate group's sharding group
     (``hcg.get_sharding_parallel_group()``, after ``fleet.init`` with ``hybrid_configs``' ``sharding_degree``),
     which shards over that axis next to tensor parallelism (``"p_g_os"``: FSDP2 over dp × sharding, Note
-    [stage 3 beside mp and pp]); another group, ``dp_group`` and ``exclude_layer`` are refused.
+    [stage 3 beside mp]); another group, ``dp_group`` and ``exclude_layer`` are refused.
 
     Example::
 

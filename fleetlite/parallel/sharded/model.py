@@ -105,7 +105,7 @@ class ShardedDataParallel(WrappedModel):
         param_dtype / reduce_dtype: FSDP2's ``MixedPrecisionPolicy`` (e.g. bfloat16 compute, float32 reduction).
         wrap: module class names that become FSDP units (Note [sharding units]).
         mesh: a 1-D ``DeviceMesh`` to shard over instead of one built from ``sharding_degree`` (the data ×
-            sharding ranks of a hybrid mesh, beside tensor parallelism: Note [stage 3 beside mp and pp]).
+            sharding ranks of a hybrid mesh, beside tensor parallelism: Note [stage 3 beside mp]).
 
     Example::
 

@@ -32,7 +32,7 @@ def _fqns(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
 
 
 def _slices(module: nn.Module) -> dict[str, nn.Parameter]:
-    """The tensor-parallel slices among ``module``'s sharded parameters, by name (Note [stage 3 beside mp and pp]):
+    """The tensor-parallel slices among ``module``'s sharded parameters, by name (Note [stage 3 beside mp]):
     their optimizer state is gathered over the mp group as well, and split over it on load."""
     return {n: p for n, p in module.named_parameters() if getattr(p, "split_axis", None) is not None}
 

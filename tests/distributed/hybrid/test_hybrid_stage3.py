@@ -1,4 +1,4 @@
-"""Sharding stage 3 (FSDP2) beside tensor parallelism (Note [stage 3 beside mp and pp]): mp2 × sharding2 on 4 ranks,
+"""Sharding stage 3 (FSDP2) beside tensor parallelism (Note [stage 3 beside mp]): mp2 × sharding2 on 4 ranks,
 through ``fleet.distributed_model`` / ``distributed_optimizer`` and through Paddle's ``group_sharded_parallel(...,
 group=hcg.get_sharding_parallel_group())``, trains like a hand-written single-process model from the same full
 weights on the global batch (AdamW, global-norm clipping of the whole model), every rank's shards checked against

@@ -1,7 +1,7 @@
 """Sharding stage 3 (FSDP2) beside tensor parallelism: parameters, gradients and optimizer state sharded over the
 ranks that hold the same tensor-parallel slices and read different data.
 
-# Note [stage 3 beside mp and pp]
+# Note [stage 3 beside mp]
 torchtitan's 2-D composition (``apply_fsdp`` on the data mesh after tensor parallelism) on fleetlite's
 tensor-parallel layers: the layers keep their local slices and Paddle's view of them (Note [tensor-parallel
 parameters]), and FSDP2's ``fully_shard`` is applied to the model over a 1-D mesh of the data × sharding ranks
@@ -74,7 +74,12 @@ def data_mesh(hcg: Any) -> Any:
         dims = ["sharding" if "sharding" in names else "dp"]
     if len(dims) == 1:
         return mesh[dims[0]]
-    return mesh[tuple(dims)]._flatten("dp_sharding")
+    with warnings.catch_warnings():  # torch's notice that slicing a flattened dimension will change: still ours
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+        try:
+            return mesh["data"]  # the parallel plan's flattened dp x sharding ("data" group), when it made one
+        except (KeyError, RuntimeError, ValueError):
+            return mesh[tuple(dims)]._flatten("dp_sharding")
 
 
 def data_mp_mesh(hcg: Any) -> Any:
@@ -95,7 +100,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def global_norm_stage3(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
-    """The L2 norm of the full model's gradient (Note [stage 3 beside mp and pp]): each rank's squared shards of
+    """The L2 norm of the full model's gradient (Note [stage 3 beside mp]): each rank's squared shards of
     its slices, plus those of its replicated parameters on mp rank 0 only (and a pipeline's shared copies on their
     first holder), summed over every rank (collective over the world).
 
@@ -127,7 +132,7 @@ def clip_grad_norm_stage3(params: Iterable[torch.Tensor], clip_norm: float, hcg:
 
 
 class HybridStage3(ShardedDataParallel):
-    """A tensor-parallel model sharded by FSDP2 over the data × sharding ranks (Note [stage 3 beside mp and pp]).
+    """A tensor-parallel model sharded by FSDP2 over the data × sharding ranks (Note [stage 3 beside mp]).
 
     ``state_dict()`` / :meth:`full_state_dict` give the single-process model's state (the slices gathered over
     the data mesh and over mp, collective); ``load_state_dict`` / :meth:`load_full_state_dict` take it back, each

@@ -76,7 +76,7 @@ def _mp(param: torch.Tensor) -> tuple[int, int]:
 
 
 def _unsharded(t: torch.Tensor) -> torch.Tensor:
-    """``t`` whole on this rank: a stage-3 shard (a DTensor: Note [stage 3 beside mp and pp]) gathered over its
+    """``t`` whole on this rank: a stage-3 shard (a DTensor: Note [stage 3 beside mp]) gathered over its
     data mesh (collective), any other tensor as it is."""
     return t.full_tensor().detach() if hasattr(t, "full_tensor") else t.detach()
 
@@ -332,7 +332,7 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
         p = params.get(fqn)
         if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
             return value
-        if isinstance(value, DTensor):  # stage 3 beside mp: a piece of the full state (Note [stage 3 beside mp and pp])
+        if isinstance(value, DTensor):  # stage 3 beside mp: a piece of the full state (Note [stage 3 beside mp])
             return full_tensor_view(p, value)
         return DTensor.from_local(_local(value), _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
                                   run_check=False)
@@ -364,7 +364,7 @@ def _to_local(value: Any) -> Any:
 
 def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
     """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
-    DTensor: Note [stage 3 beside mp and pp]): there a DTensor laid out like the parameter."""
+    DTensor: Note [stage 3 beside mp]): there a DTensor laid out like the parameter."""
     from torch.distributed.tensor import DTensor
 
     params = dict(module.named_parameters())

@@ -28,7 +28,7 @@ __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_s
            "load_sharded_optimizer_state_dict"]
 
 
-#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp and pp]), set by ``HybridStage3``
+#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
 MESH_2D_ATTR = "stage3_data_mp_mesh"
 
 
@@ -105,7 +105,7 @@ def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
         for key, target in own.items():
             value = state[key]
             local = value.to_local() if isinstance(value, DTensor) else value
-            if isinstance(target, DTensor):  # a stage-3 shard: this rank's part (Note [stage 3 beside mp and pp])
+            if isinstance(target, DTensor):  # a stage-3 shard: this rank's part (Note [stage 3 beside mp])
                 target = target.to_local()
             if isinstance(target, torch.Tensor) and local.data_ptr() != target.data_ptr():
                 target.copy_(local)

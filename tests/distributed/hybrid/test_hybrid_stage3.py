@@ -5,6 +5,9 @@ weights on the global batch (AdamW, global-norm clipping of the whole model), ev
 the reference's; each rank holds a quarter of the model (half of mp2 × dp2's parameter bytes); the full state
 gathers to the single-process model's state and loads back into the shards."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as tdist
@@ -13,10 +16,14 @@ from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
 from tp_models import RefModel, TPModel, copy_from, data, local_slice, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel.hybrid_stage3 import HybridStage3
 from fleetlite.distributed.sharding import group_sharded_parallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer" / "hybrid"))
+import hybrid_models  # noqa: E402  (the Trainer's hybrid helpers: tests/trainer/hybrid)
 
 # the single-process side of the DCP checks; FSDP2's notice that a unit returned a view (nothing edits it in place)
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized"),
@@ -203,6 +210,33 @@ def test_dp2_mp2_sharding2_stage3_on_eight_ranks_shards_over_dp_and_sharding(tmp
     # each element once over the 4 data ranks of an mp rank (uneven here: 6 rows in 4 parts are 2, 2, 2, 0)
     assert sum(r["bytes"] for r in out) == pytest.approx(2.0) and sum(r["state_bytes"] for r in out) == \
         pytest.approx(2.0)
+
+
+def _trainer(rank=0, world=1):
+    """The Trainer (SGD momentum, global-norm clipping, LR scheduler, eval, predict) on mp2 x sharding2 stage 3 (8
+    rows per rank), or one process with the global batch of 16."""
+    fleet_impl._reset()
+    clip, loss = {"global_clipnorm": 0.05}, torch.nn.CrossEntropyLoss()
+    if world == 1:
+        net = hybrid_models.reference_net()
+        _, out = hybrid_models.run_trainer(net, None, 16, 8, clip=clip, loss=loss)
+        out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
+        return out
+    torch.set_num_threads(1)
+    strategy = fleet.DistributedStrategy(**STAGE3)
+    strategy.hybrid_configs = {"dp_degree": 1, **MP2_SHARDING2}
+    fleet.init(is_collective=True, strategy=strategy)
+    t, out = hybrid_models.run_trainer(hybrid_models.tp_net(), strategy, 8, 8, clip=clip, loss=loss)
+    out["weights"] = {hybrid_models._ref_name(k): v for k, v in t.parallel_network.full_state_dict().items()}
+    out["stage3"] = isinstance(t.parallel_network, HybridStage3)
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_trainer_on_mp2_sharding2_stage3_equals_one_process():
+    ref = _trainer()
+    for r in run_ranks(_trainer, 4, timeout=300):
+        assert r["stage3"] and not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
 
 
 def TPModel_keys():

@@ -239,6 +239,23 @@ def test_trainer_on_mp2_sharding2_stage3_equals_one_process():
         assert r["stage3"] and not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
 
 
+def _other_group(rank, world):
+    fleet_impl._reset()
+    fleet.init(is_collective=True)
+    net = torch.nn.Linear(4, 4)
+    try:
+        group_sharded_parallel(net, torch.optim.SGD(net.parameters(), lr=0.1), level="p_g_os", group=tdist.group.WORLD)
+    except NotImplementedError as e:
+        return str(e)
+    return None
+
+
+def test_group_sharded_parallel_refuses_a_group_that_is_not_the_hcg_sharding_group():
+    for message in run_ranks(_other_group, world_size=2, timeout=120):
+        assert message is not None and "group_sharded_parallel(group=...) takes the hybrid communicate group's " \
+            "sharding group only" in message.splitlines()[0], message
+
+
 def TPModel_keys():
     return RefModel().state_dict().keys()
 

@@ -28,6 +28,7 @@ from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .base import topology as _topology
 from .context import get_strategy
+from .meta_parallel.hybrid_stage3 import distributed_stage3
 from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
 from .plan import ParallelPlan
@@ -268,7 +269,9 @@ def distributed_model(model: nn.Module) -> nn.Module:
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
     plan = _state.plan  # (built by init when pp or mp is above 1)
-    if plan.pp_enabled:  # Paddle's order: pp, then mp, then the rest
+    if strategy.sharding_stage == 3 and plan.mp_enabled:  # FSDP2 over dp x sharding (Note [stage 3 beside mp])
+        wrapped = distributed_stage3(model, strategy, _topology.hcg_of(plan))
+    elif plan.pp_enabled:  # Paddle's order: pp, then mp, then the rest
         wrapped = _pipeline_parallel(model, strategy, _topology.hcg_of(plan))
     elif plan.mp_enabled:
         wrapped = _tensor_parallel(model, strategy, _topology.hcg_of(plan))

@@ -151,6 +151,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         def pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             clip([p for g in opt.param_groups for p in g["params"]])
 
+        self._clip_pre_step = pre_step  # (registered again on an optimizer rebuilt over stage-3 shards)
         self.inner_opt.register_step_pre_hook(pre_step)
         return clip
 
@@ -204,6 +205,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
+                if self.hybrid_clip is not None:  # stage 3 beside mp: the clip belongs to the optimizer that steps
+                    self.inner_opt.register_step_pre_hook(self._clip_pre_step)
             self._sharded_model = model
         self.merge.attach(model)
         self.meta.attach(model)

@@ -287,15 +287,16 @@ class DistributedStrategy:
 
     def _check_hybrid_sharding(self) -> None:
         """Sharding next to mp/pp: stages 1 and 2 over hybrid_configs' sharding axis (Notes [sharding with mp and pp],
-        [hybrid sharding stage 2]); stage 3 is refused."""
+        [hybrid sharding stage 2]); stage 3 beside mp on FSDP2 over dp x sharding (Note [stage 3 beside mp]),
+        beside pp refused."""
         hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
         stage, hsd = cfg["stage"], hybrid["sharding_degree"]
-        if stage == 3:
+        if stage == 3 and (hybrid["pp_degree"] > 1 or hybrid["sep_degree"] > 1):
             raise NotImplementedError(
-                "sharding stage 3 together with mp_degree/pp_degree > 1 is not implemented by fleetlite (its "
-                "parameter sharding is FSDP2's, which would replace the tensor-parallel slices and the pipeline "
-                "stages' parameters with its own); set sharding_configs['stage'] = 2 (optimizer state and "
-                "gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state only)")
+                "sharding stage 3 together with pp_degree/sep_degree > 1 is not implemented by fleetlite (stage 3 "
+                "runs beside mp_degree > 1 only: FSDP2 over dp x sharding); set sharding_configs['stage'] = 2 "
+                "(optimizer state and gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state "
+                "only), or use mp_degree instead of pp_degree")
         if stage == 2 and self._values["fp16_allreduce"]:
             raise NotImplementedError(
                 "fp16_allreduce with sharding stage 2 next to mp_degree/pp_degree > 1: the reduction to each "
@@ -313,10 +314,11 @@ class DistributedStrategy:
                 f"sharding_configs['sharding_degree'] = {sd} but hybrid_configs['sharding_degree'] = {hsd}; with "
                 "mp_degree/pp_degree > 1 the sharding group is hybrid_configs' axis: drop sharding_configs' "
                 f"sharding_degree (or set it to {hsd})")
-        if cfg["offload"] or cfg["wrap"]:
+        if cfg["offload"] or (cfg["wrap"] and stage != 3):
             raise NotImplementedError(
-                "sharding_configs offload/wrap apply to FSDP2 (stages 2 and 3 without mp/pp); with mp_degree/"
-                "pp_degree > 1 stages 1 and 2 shard over hybrid_configs' sharding axis without FSDP2: drop them")
+                "sharding_configs offload/wrap apply to FSDP2 (stages 2 and 3 without mp/pp; wrap also to stage 3 "
+                "beside mp); with mp_degree/pp_degree > 1 stages 1 and 2 shard over hybrid_configs' sharding axis "
+                "without FSDP2: drop them")
         if cfg["dp_degree"] != 1 or cfg["hybrid_dp"]:
             raise ValueError(
                 "sharding_configs['dp_degree'] / ['hybrid_dp'] are static-graph sharding's replicas; with "

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as tdist
 
 from .hybrid_sharding import GRAD_GROUP_ATTR, owned_here
+from .hybrid_stage3 import clip_grad_norm_stage3, global_norm_stage3, is_stage3
 from .mp_layers import is_split
 from .mp_ops import group_size
 
@@ -47,6 +48,8 @@ def _sharded_grad_group(params: list[torch.Tensor]) -> Any:
 def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
     """The L2 norm of all gradients of the full model, each parameter counted once (Note [hybrid global norm])."""
     every = list(params)
+    if is_stage3(every):  # FSDP2 shards beside mp (Note [stage 3 beside mp])
+        return global_norm_stage3(every, hcg)
     sharded = _sharded_grad_group(every)
     params = [p for p in (owned_here(every, sharded) if sharded is not None else every) if p.grad is not None]
     device = params[0].grad.device if params else (every[0].device if every else torch.device("cpu"))
@@ -66,6 +69,8 @@ def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor
 def clip_grad_norm_hybrid(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
     """Scale every gradient by ``min(1, clip_norm / (global_norm + 1e-6))``; returns the global norm."""
     params = list(params)
+    if is_stage3(params):  # FSDP2 shards beside mp (Note [stage 3 beside mp])
+        return clip_grad_norm_stage3(params, clip_norm, hcg)
     norm = global_norm_hybrid(params, hcg)  # (all of them: Note [hybrid global norm] on stage 2)
     params = [p for p in params if p.grad is not None]
     coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)

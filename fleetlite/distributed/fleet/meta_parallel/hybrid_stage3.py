@@ -45,18 +45,12 @@ from . import hybrid_state
 from .mp_layers import is_split
 from .sharded_state import MESH_2D_ATTR
 
-__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "wants_stage3", "global_norm_stage3",
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "global_norm_stage3",
            "clip_grad_norm_stage3", "is_stage3", "STAGE3_ATTR"]
 
 #: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
 STAGE3_ATTR = "stage3_group"
 _TAGS = ("split_axis", "mp_group", "is_firstly_shared")
-
-
-def wants_stage3(hcg: Any, strategy: Any) -> bool:
-    """Whether ``strategy`` asks for sharding stage 3 beside tensor parallelism (mp_degree > 1) on ``hcg``."""
-    return (strategy is not None and getattr(strategy, "sharding_stage", 0) == 3 and hcg is not None
-            and hcg.get_model_parallel_world_size() > 1)
 
 
 def data_mesh(hcg: Any) -> Any:

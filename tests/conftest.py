@@ -97,7 +97,6 @@ def pytest_collection_modifyitems(config, items):
 
 #: fleetlite's module-level state: (module, attribute). Containers are restored in place (others hold them).
 PROCESS_STATE = (
-    ("fleetlite.distributed.fleet.base.topology", "_HYBRID_PARALLEL_GROUP"),
     ("fleetlite.distributed.collective", "_warned_single"),
     ("fleetlite.distributed.collective", "_warned_once"),
     ("fleetlite.distributed.collective", "_group_timeout"),

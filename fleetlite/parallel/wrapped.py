@@ -26,11 +26,14 @@ class WrappedModel(nn.Module):
     ``module`` is the plain model; ``is_sharded`` says whether its parameters are sharded across ranks
     (then a forward is collective: every rank must run as many; and the full weights must be gathered,
     collectively); ``full_state_dict`` / ``load_full_state_dict`` move the full, unprefixed weights;
-    ``agree_buffers`` gives every rank rank 0's buffers.
+    ``agree_buffers`` gives every rank rank 0's buffers; ``step_runner`` names the Trainer's step runner for
+    this model (``"default"``, ``"pipeline"``) or is a factory ``(trainer, model) -> runner`` (Note [step
+    runners] in ``fleetlite.trainer.steps``), so the Trainer asks the model how its batches run.
     """
 
     is_sharded: bool = False
     group: Any = None  # the process group (None: the world)
+    step_runner: Any = "default"  # the Trainer's steps: a whole-model forward on every rank
 
     @property
     def module(self) -> nn.Module:  # pragma: no cover - every wrapper defines it

@@ -1,5 +1,7 @@
 """A small GPT on Paddle's hybrid building blocks: plain torch with one process, tensor parallel when
 ``hybrid_configs['mp_degree'] > 1``, and the same model as a ``PipelineLayer`` description for ``pp_degree > 1``.
+Under ``sep_degree > 1`` each rank takes its part of the sequence (``mpu.split_inputs_sequence_dim([ids, targets])``)
+and the attention runs over the whole sequence through ``mpu.segment_attention`` (an all-to-all around it).
 
 Blocks (pre-norm): attention ``qkv`` is a ``ColumnParallelLinear(gather_output=False)`` whose output features
 are laid out head by head (``[head0: q k v | head1: q k v | ...]``), so each mp rank's slice holds whole heads;
@@ -105,10 +107,9 @@ class Block(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, t, _ = h.shape
-        qkv = self.qkv(self.ln1(h)).view(b, t, self.heads_local, 3, self.head_dim)
-        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))       # [b, heads_local, t, head_dim]
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = h + self.proj(a.transpose(1, 2).reshape(b, t, self.heads_local * self.head_dim))
+        q, k, v = self.qkv(self.ln1(h)).view(b, t, self.heads_local, 3, self.head_dim).unbind(3)  # [b, t, h, d]
+        a = mpu.segment_attention(q, k, v, is_causal=True)  # under sep: the whole sequence's (all-to-all around it)
+        h = h + self.proj(a.reshape(b, t, self.heads_local * self.head_dim))
         return h + self.down(F.gelu(self.up(self.ln2(h))))
 
 
@@ -143,7 +144,8 @@ class PositionEmbedding(nn.Module):
         self.pos = nn.Parameter(_init(cfg, "positions")(torch.empty(cfg.seq_len, cfg.width)))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.pos[: h.shape[1]]
+        start = mpu.sequence_offset(h.shape[1])  # under sep: this rank's part of the sequence
+        return h + self.pos[start: start + h.shape[1]]
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -84,8 +84,9 @@ from ..checkpoint import (
 )
 from ..checkpoint.torch_state import app_state, check_finite, check_optimizer, load_app_state, optimizer_name
 from ..distributed import collective
+from ..distributed.fleet.fleet import get_parallel_plan
 from ..distributed.fleet.meta_parallel import get_rng_state_tracker
-from ..distributed.fleet.meta_parallel.hybrid_state import degrees_of, is_hybrid_module
+from ..distributed.fleet.meta_parallel.hybrid_state import is_hybrid_module
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
 
@@ -222,9 +223,10 @@ class CheckpointConnector:
         return self.trainer.parallel_network is not None and is_hybrid_module(self._module())
 
     def degrees(self) -> dict[str, int]:
-        """This run's ``{"dp", "mp", "pp"}`` degrees (data parallel over every rank for a model that is not hybrid)."""
+        """This run's ``{"dp", "mp", "pp"}`` degrees: the parallel plan's for a hybrid model (sharding and sep folded
+        into dp), data parallel over every rank for a model that is not hybrid."""
         if self.hybrid:
-            return degrees_of(self._module())
+            return get_parallel_plan().checkpoint_degrees
         return {"dp": collective.get_world_size(), "mp": 1, "pp": 1}
 
     def _module(self) -> torch.nn.Module:

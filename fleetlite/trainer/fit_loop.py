@@ -48,7 +48,6 @@ from ..distributed.faults import peer_failures
 from ..distributed.fleet.gradient_merge import GradientMerge
 from .callbacks import NonFiniteLossError, Preemption, TerminateOnNaN
 from .data_adapter import DataAdapter, batch_length
-from .hybrid import agree_buffers
 from .loops import EvaluationLoop, FitPlan, metric_logs, pass_logs
 
 __all__ = ["FitLoop", "FitProgress", "FitState"]
@@ -243,7 +242,7 @@ class FitLoop:
             self._run_saves()
         st.at_step_boundary = True
         if train.sharded:
-            agree_buffers(t)  # Note [agreed buffers]
+            t.steps.agree_buffers()  # Note [agreed buffers]
         callbacks.on_train_end(logs)
         self._run_saves()
 
@@ -300,8 +299,7 @@ class FitLoop:
         if not isinstance(out, dict) or "loss" not in out:
             raise TypeError(f"train_step must return a dict with 'loss', got {type(out).__name__}")
         logs = {"loss": self.progress.add_batch(out["loss"], n)}
-        pipe = self.trainer.pipeline
-        if pipe is None or pipe.last:  # a pipeline's metrics live on its last stage (Note [hybrid trainer])
+        if self.trainer.steps.has_outputs:  # a pipeline's metrics live on its last stage (Note [step runners])
             logs.update(metric_logs(self.trainer.metrics, lazy=True))
         logs.update({k: v for k, v in out.items() if k != "loss"})
         logs["batch_size"] = n

@@ -114,11 +114,12 @@ class FitSetup(NamedTuple):
                                                                       pin_memory=pin, role="eval")
         if evaluation is not None and evaluation.exact_reason() is not None:  # fail now, not after an epoch
             raise ValueError(f"eval_data cannot be evaluated exactly: {evaluation.exact_reason()}")
-        if t.pipeline is not None:  # what a pipeline cannot train, before the first step (Note [hybrid trainer])
-            t.pipeline.check_fit(train, plan.accumulate or t.optimizer.merge.k,
-                                 weighting.field or weighting.class_table is not None)
-            if evaluation is not None:
-                t.pipeline.check_inference(evaluation, "evaluation")
+        # what the step runner cannot train, before the first step (Note [step runners]; a pipeline's: Note
+        # [hybrid trainer])
+        t.steps.check_fit(train, plan.accumulate or t.optimizer.merge.k,
+                          weighting.field or weighting.class_table is not None)
+        if evaluation is not None:
+            t.steps.check_inference(evaluation, "evaluation")
         if getattr(t, "ema", None) is not None and not any(c is t.ema for c in callbacks or []):
             callbacks = [*(callbacks or []), t.ema]  # compile(ema_decay=...)
         cbs = CallbackList.for_call(callbacks, t, verbose=verbose, log_freq=log_freq, epochs=epochs, train=train,

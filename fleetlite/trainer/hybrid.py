@@ -7,8 +7,9 @@ sharding group, so the ranks of one tensor-parallel group read the same batches 
 and clipping (the global norm of the whole model, each parameter once across dp, sharding, mp and pp:
 :mod:`~.clipping`).
 
-Pipeline (``PipelineParallel``): no rank holds the whole model's forward, so :class:`PipelineSteps` runs the
-Trainer's steps through the pipeline's own. Training: ``train_batch`` (its micro-batches are the gradient
+Pipeline (``PipelineParallel``, which declares ``step_runner = "pipeline"``): no rank holds the whole model's
+forward, so its step runner :class:`PipelineSteps` (Note [step runners] in :mod:`~fleetlite.trainer.steps`) runs
+the Trainer's steps through the pipeline's own. Training: ``train_batch`` (its micro-batches are the gradient
 accumulation: ``accumulate_grad_batches`` and gradient merge are refused) with, as its optimizer, the
 Trainer's ``optimizer_step`` (the Trainer's clipping, the DistributedOptimizer's amp and hybrid clip); the
 logged loss is the pipeline's mean loss (the same on every stage); training metrics are computed on the last
@@ -43,24 +44,7 @@ from ..io.evaluation import trim_batch
 from ..parallel.comm import broadcast_coalesced
 from .data_adapter import DataAdapter, batch_length
 
-__all__ = ["PipelineSteps", "is_pipeline", "agree_buffers"]
-
-
-def is_pipeline(model: Any) -> bool:
-    """True for a ``PipelineParallel`` (what ``fleet.distributed_model`` returns for a ``PipelineLayer``)."""
-    return hasattr(model, "train_batch") and hasattr(model, "eval_batch") and hasattr(model, "pp_group")
-
-
-def agree_buffers(trainer) -> None:
-    """Note [agreed buffers]: every rank of the data group takes its first rank's buffers. A pipeline stage's
-    buffers are its own, so they are agreed over the stage's data-parallel group, never the world."""
-    net = trainer.parallel_network
-    if not is_pipeline(net):
-        net.agree_buffers()
-        return
-    g = data_group()
-    if g.size > 1:
-        broadcast_coalesced(list(net.module.buffers()), g.group)
+__all__ = ["PipelineSteps"]
 
 
 def _pack(values: tuple[Any, ...]) -> Any:
@@ -108,7 +92,8 @@ class _TrainerStep:
 
 
 class PipelineSteps:
-    """The Trainer's train/eval/predict steps on a ``PipelineParallel`` (Note [hybrid trainer]).
+    """The Trainer's train/eval/predict steps on a ``PipelineParallel``: the step runner its ``step_runner =
+    "pipeline"`` names (Note [step runners] in :mod:`~fleetlite.trainer.steps`; Note [hybrid trainer]).
 
     Example::
 
@@ -116,10 +101,12 @@ class PipelineSteps:
         steps.rows          # accumulate_steps * micro_batch_size: every training batch's size
     """
 
+    needs_loss = False  # the PipelineLayer's loss_fn, or the Trainer's given to it (checked by check_fit)
+
     def __init__(self, trainer, net) -> None:
         self.trainer, self.net = trainer, net
         self.rows = int(net.accumulate_steps) * int(net.micro_batch_size)
-        self.last = bool(net.is_pipeline_last_stage)
+        self.has_outputs = bool(net.is_pipeline_last_stage)  # the last stage computes outputs, loss and metrics
         self.last_rank = td.get_process_group_ranks(net.pp_group)[-1] if net.pp_group is not None else 0
         self._adopt_loss()
 
@@ -164,6 +151,12 @@ class PipelineSteps:
             raise ValueError(f"{role} batches of {big[-1]} rows, but the pipeline runs at most accumulate_steps * "
                              f"micro_batch_size = {self.rows} rows at once; use batch_size <= {self.rows}")
 
+    def check_per_batch(self, what: str) -> None:
+        """``fleetlite.Model``'s per-batch calls: refused, a rank holds one stage and cannot run a batch alone."""
+        raise NotImplementedError(f"Model.{what} of a pipeline model (PipelineLayer): a rank holds one stage, "
+                                  "so it cannot run the batch alone; use fit / evaluate / predict, which run "
+                                  "the pipeline's schedule")
+
     @staticmethod
     def _batch_sizes(data: DataAdapter) -> set[int]:
         """The local batch sizes of the next pass, where the data can tell them without reading it."""
@@ -182,7 +175,7 @@ class PipelineSteps:
         outputs are the micro-batches' (:meth:`_batch_outputs`)."""
         captured: list[Any] = []
         hook = None
-        if wanted and self.last:
+        if wanted and self.has_outputs:
             hook = self.net.module.register_forward_hook(lambda _m, _a, out: captured.append(out))
         try:
             yield captured
@@ -212,7 +205,7 @@ class PipelineSteps:
         inputs, labels = self.trainer.split_batch(batch)
         n = batch_length(batch)
         out = self.net.eval_batch([_pack(_pad(inputs, self.rows)), None], compute_loss=False)
-        return (trim_batch(out, n) if self.last else None), labels
+        return (trim_batch(out, n) if self.has_outputs else None), labels
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
         """Loss and metrics of a (possibly short) batch, on the last stage; ``{}`` on the others."""
@@ -230,8 +223,18 @@ class PipelineSteps:
         return self._outputs(batch)[0]
 
     # -- results -------------------------------------------------------------------------------------------------
-    def from_last_stage(self, value: Any) -> Any:
+    def share(self, value: Any) -> Any:
         """The last stage's ``value`` on every stage of this pipeline (collective over the pipe group)."""
         holder = [value]
         td.broadcast_object_list(holder, src=self.last_rank, group=self.net.pp_group)
         return holder[0]
+
+    def agree_buffers(self) -> None:
+        """Note [agreed buffers]: a stage's buffers are its own, so they are agreed over the stage's data group
+        (every rank of it takes its first rank's), never the world."""
+        g = data_group()
+        if g.size > 1:
+            broadcast_coalesced(list(self.net.module.buffers()), g.group)
+
+    def idle_forward(self, batch: Any) -> None:
+        """Nothing: a stage's forward alone is not collective, a batch of padding only needs no run."""

@@ -4,11 +4,12 @@
 The data-parallel engine broadcasts buffers before each training forward (as DDP does), so after the last step
 every rank's buffers reflect its own last batch. Evaluation, prediction and the end of ``fit`` first take rank
 0's (``WrappedModel.agree_buffers``), so every rank evaluates the model that is saved (a pipeline stage: its
-data group's first rank's, :func:`~fleetlite.trainer.hybrid.agree_buffers`).
+data group's first rank's: the step runner's ``agree_buffers``, Note [step runners]).
 
 Sums (loss, metric states) are reduced and predictions gathered over the data group (Note [data group] in
 :mod:`fleetlite.distributed.fleet.data_group`); on a pipeline the last stage computes the logs and
-predictions and sends them to the other stages (Note [hybrid trainer] in :mod:`~fleetlite.trainer.hybrid`).
+predictions and sends them to the other stages: the step runner's ``has_outputs`` and ``share`` (Note [step
+runners] in :mod:`~fleetlite.trainer.steps`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from ..distributed.fleet import get_hybrid_communicate_group
 from ..distributed.fleet.data_group import data_group
 from ..io.evaluation import trim_batch
 from .data_adapter import DataAdapter, batch_length
-from .hybrid import agree_buffers, is_pipeline
 from .metrics import reduce_sums
 
 __all__ = ["FitPlan", "EvaluationLoop", "PredictionLoop", "metric_logs", "pass_logs"]
@@ -64,15 +64,15 @@ def pass_logs(trainer, extra: torch.Tensor, sharded: bool, with_loss: bool) -> d
 
         logs = pass_logs(trainer, torch.tensor([12.5, 25.0], dtype=torch.float64), sharded=True, with_loss=True)
     """
-    pipe = trainer.pipeline
+    steps = trainer.steps
     logs: dict[str, Any] = {}
-    if pipe is None or pipe.last:
+    if steps.has_outputs:
         if sharded:
             extra = reduce_sums(trainer.metrics, extra)
         if with_loss:
             logs["loss"] = float(extra[0] / max(extra[1].item(), 1.0))
         logs.update(metric_logs(trainer.metrics))
-    return logs if pipe is None else pipe.from_last_stage(logs)
+    return steps.share(logs)
 
 
 class _InferenceLoop:
@@ -94,11 +94,9 @@ class _InferenceLoop:
             yield i, batch
 
     def _idle_forward(self, batch: Any) -> None:
-        """A forward whose result is dropped, for a batch of padding only: a sharded (stage 2/3) model's forward
-        is collective (it all-gathers parameters), so every rank must run as many as the others."""
-        t = self.trainer
-        if t.parallel_network.is_sharded and not is_pipeline(t.parallel_network):  # (a stage alone: not collective)
-            t.network(*t.split_batch(t.to_device(batch))[0])
+        """The step runner's forward of a batch of padding only, where a forward is collective (Note [step
+        runners]: a sharded stage 2/3 model's all-gathers parameters; a pipeline stage's alone is not)."""
+        self.trainer.steps.idle_forward(batch)
 
 
 class EvaluationLoop(_InferenceLoop):
@@ -129,7 +127,7 @@ class EvaluationLoop(_InferenceLoop):
         if reason is not None:
             raise ValueError(f"cannot evaluate exactly: {reason}")
         if data.sharded:
-            agree_buffers(t)  # Note [agreed buffers]
+            t.steps.agree_buffers()  # Note [agreed buffers]
         module = t.network
         was_training = module.training
         module.eval()
@@ -162,7 +160,7 @@ class EvaluationLoop(_InferenceLoop):
 def _holds_outputs(trainer) -> bool:
     """Whether this rank's predictions are its model replica's to write: the last pipeline stage, the first
     rank of a tensor-parallel group (the others hold the same outputs)."""
-    if trainer.pipeline is not None and not trainer.pipeline.last:
+    if not trainer.steps.has_outputs:
         return False
     return not data_group().hybrid or get_hybrid_communicate_group().get_model_parallel_rank() == 0
 
@@ -209,7 +207,7 @@ class PredictionLoop(_InferenceLoop):
                              "whose indices are unknown; use a Dataset, a DataLoader over a DistributedBatchSampler, "
                              "or a TensorLoader")
         if data.sharded:
-            agree_buffers(t)  # Note [agreed buffers]
+            t.steps.agree_buffers()  # Note [agreed buffers]
         module = t.network
         was_training = module.training
         module.eval()
@@ -226,7 +224,7 @@ class PredictionLoop(_InferenceLoop):
                 for i, batch in self._real_batches(data):
                     callbacks.on_predict_batch_begin(i)
                     out = t.predict_step(t.to_device(batch))
-                    if out is None and t.pipeline is not None:  # a stage before the last: no outputs here
+                    if not t.steps.has_outputs:  # a pipeline stage before the last: no outputs here
                         callbacks.on_predict_batch_end(i, {"outputs": None})
                         continue
                     outs = _as_outputs(_cpu(out))
@@ -248,8 +246,7 @@ class PredictionLoop(_InferenceLoop):
             parts = collective.all_gather_object((local_idx, local), group=group.group)
             local_idx = [ix for p in parts for ix in p[0]]
             local = [b for p in parts for b in p[1]]
-        if t.pipeline is not None:
-            local_idx, local = t.pipeline.from_last_stage((local_idx, local))
+        local_idx, local = t.steps.share((local_idx, local))  # a pipeline's last stage's, on every stage
         result = _assemble(local, local_idx if gather else None, batch_size, stack_outputs)
         callbacks.on_predict_end({"num_samples": int(result[0].shape[0]) if stack_outputs and result else
                                   sum(int(b[0].shape[0]) for b in local)})

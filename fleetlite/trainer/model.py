@@ -213,12 +213,9 @@ class Model:
         return res
 
     def _per_batch(self, what: str, training: bool = False) -> None:
-        """Set up; a pipeline model has no whole-model forward for Paddle's per-batch calls: refused."""
+        """Set up; a step runner without a whole-model forward (a pipeline's) refuses Paddle's per-batch calls."""
         self._trainer.setup(training=training)
-        if self._trainer.pipeline is not None:
-            raise NotImplementedError(f"Model.{what} of a pipeline model (PipelineLayer): a rank holds one stage, "
-                                      "so it cannot run the batch alone; use fit / evaluate / predict, which run "
-                                      "the pipeline's schedule")
+        self._trainer.steps.check_per_batch(what)
 
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> Any:
         """One training step on a batch (numpy or tensors); ``update=False`` only accumulates gradients.

@@ -34,13 +34,13 @@ from .data_adapter import LimitedAdapter, build_adapter, keras_evaluate_args, to
 from .fit_loop import FitLoop, FitState
 from .fit_setup import FitSetup, as_metrics, resolve_clipping
 from .hapi_io import PaddleFiles, paddle_prefix
-from .hybrid import PipelineSteps, is_pipeline
 from .labels import class_index_labels
 from .loops import EvaluationLoop, PredictionLoop
 from .metrics import Metric
 from .predict_writer import PredictionWriter
+from .steps import Steps, steps_for
 from .summary import summarize
-from .weighting import SampleWeights, weighted_loss
+from .weighting import SampleWeights
 
 __all__ = ["Trainer"]
 
@@ -108,7 +108,7 @@ class Trainer:
         self.example_inputs: tuple[torch.Tensor, ...] | None = None  # two input rows of the first batch, for export
         self.step_evaluations: list[dict[str, Any]] = []  # fit(eval_steps=...)'s evaluations
         self._callbacks: CallbackList | None = None
-        self.pipeline: PipelineSteps | None = None  # the steps of a pipeline model (Note [hybrid trainer])
+        self.steps: Steps | None = None  # the wrapped model's step runner, chosen at setup (Note [step runners])
         self.checkpoint_connector = CheckpointConnector(self)  # saves and restores the training state
     # merge_avg: as the strategy says (fleetlite.Model sums, as Paddle)
     merge_avg: bool | None = None
@@ -187,15 +187,16 @@ class Trainer:
             if not self._config_agreed:  # fail fast, before the model is wrapped
                 self._connector.check_same_config(self.config)
             self.parallel_network, self.network = self._connector.setup_model(self._given_model)
-        # Note [hybrid trainer]: built apart from the wrapping, so that a retry after its checks failed (two losses)
-        # builds it instead of training one stage as if it were the whole model
-        if self.pipeline is None and is_pipeline(self.parallel_network):
-            self.pipeline = PipelineSteps(self, self.parallel_network)
+        # Note [step runners]: the wrapped model names its runner, chosen once; built apart from the wrapping, so
+        # that a retry after its checks failed (a pipeline's two losses) builds it instead of training one stage
+        # as if it were the whole model
+        if self.steps is None:
+            self.steps = steps_for(self, self.parallel_network)
         if training:
             if self.user_optimizer is None:
                 raise ValueError("fit needs an optimizer: pass Trainer(model, optimizer, loss) or call "
                                  "compile(optimizer, loss) first")
-            if self.loss_fn is None and type(self).train_step is Trainer.train_step and self.pipeline is None:
+            if self.loss_fn is None and type(self).train_step is Trainer.train_step and self.steps.needs_loss:
                 raise ValueError("fit needs a loss: pass Trainer(..., loss=nn.CrossEntropyLoss()) or compile(..., "
                                  "loss=...), or override train_step")
         if self.optimizer is None and self.user_optimizer is not None:
@@ -258,40 +259,21 @@ class Trainer:
 
         Returns a dict with at least ``"loss"`` (a tensor). Keras' custom-step
         pattern: override and use ``self.parallel_network``, ``self.backward``,
-        ``self.optimizer_step``, ``self.update_metrics``. A pipeline model trains through its ``train_batch``
-        (Note [hybrid trainer] in :mod:`~fleetlite.trainer.hybrid`).
+        ``self.optimizer_step``, ``self.update_metrics``. The step itself is the wrapped model's step runner's
+        (Note [step runners] in :mod:`~fleetlite.trainer.steps`): :class:`~fleetlite.trainer.steps.DefaultSteps`,
+        or a pipeline model's ``train_batch`` (Note [hybrid trainer]).
         """
-        if self.pipeline is not None:
-            return self.pipeline.train_step(batch)
-        batch, sample = self.weighting.split(batch)  # Keras' sample_weight / class_weight
-        inputs, labels = self.split_batch(batch)
-        outputs = self.parallel_network(*inputs)
-        weights = self.weighting.of_batch(labels, sample)
-        loss = (self.compute_loss(outputs, labels) if weights is None
-                else weighted_loss(self.loss_fn, self.compute_loss, outputs, labels, weights))
-        self.backward(loss)
-        self.optimizer_step()
-        self.update_metrics(outputs, labels)
-        return {"loss": loss}
+        return self.steps.train_step(batch)
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
-        """One evaluation batch (padding already removed, under ``no_grad``): loss and metrics."""
-        if self.pipeline is not None:
-            return self.pipeline.eval_step(batch)
-        inputs, labels = self.split_batch(batch)
-        outputs = self.network(*inputs)
-        self.update_metrics(outputs, labels)
-        if self.loss_fn is None or not labels:
-            return {}
-        return {"loss": self.compute_loss(outputs, labels)}
+        """One evaluation batch (padding already removed, under ``no_grad``): loss and metrics (the step runner's,
+        Note [step runners])."""
+        return self.steps.eval_step(batch)
 
     def predict_step(self, batch: Any) -> Any:
         """One prediction batch: the model's outputs for the batch's inputs (labels, if present, ignored); on a
-        pipeline the last stage's outputs, None on the other stages."""
-        if self.pipeline is not None:
-            return self.pipeline.predict_step(batch)
-        inputs, _ = self.split_batch(batch)
-        return self.network(*inputs)
+        pipeline the last stage's outputs, None on the other stages (the step runner's, Note [step runners])."""
+        return self.steps.predict_step(batch)
 
     # -- public loops -----------------------------------------------------------------------------------------
     def fit(self, train_data: Any, eval_data: Any = None, epochs: int = 1, batch_size: int = 32, eval_freq: int = 1,
@@ -353,8 +335,7 @@ class Trainer:
         check_positive(batch_size=batch_size, log_freq=log_freq, **({} if steps is None else {"steps": steps}))
         pin = self.device.type == "cuda"  # pinned host batches: the non-blocking copy overlaps compute
         data = build_adapter(eval_data, batch_size, num_workers=num_workers, pin_memory=pin, role="eval")
-        if self.pipeline is not None:
-            self.pipeline.check_inference(data, "evaluation")
+        self.steps.check_inference(data, "evaluation")
         if steps is not None:
             data = LimitedAdapter.wrap(data, steps)
         cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=log_freq, epochs=1,
@@ -383,8 +364,7 @@ class Trainer:
         check_positive(batch_size=batch_size, **({} if steps is None else {"steps": steps}))
         pin = self.device.type == "cuda"
         adapter = build_adapter(x, batch_size, num_workers=num_workers, pin_memory=pin, role="predict")
-        if self.pipeline is not None:
-            self.pipeline.check_inference(adapter, "prediction")
+        self.steps.check_inference(adapter, "prediction")
         if steps is not None:
             adapter = LimitedAdapter.wrap(adapter, steps)
         cbs = CallbackList.for_call(callbacks, self, verbose=verbose, log_freq=10, epochs=1, batch_size=batch_size,
@@ -395,10 +375,9 @@ class Trainer:
         return PredictionLoop(self).run(adapter, batch_size, stack_outputs, cbs, writer)
 
     def _default_batch_size(self, batch_size: int | None) -> int:
-        """32 (Keras), or a pipeline's ``accumulate_steps * micro_batch_size`` (the rows it runs at once)."""
-        if batch_size is not None:
-            return batch_size
-        return self.pipeline.rows if self.pipeline is not None else 32
+        """The step runner's rows: 32 (Keras), or a pipeline's ``accumulate_steps * micro_batch_size`` (the rows it
+        runs at once)."""
+        return self.steps.rows if batch_size is None else batch_size
 
     def eval_due(self, epoch: int, eval_freq: int) -> bool:
         """Evaluate after ``epoch`` (0-based)? Keras: every ``eval_freq``-th epoch; ``fleetlite.Model``: Paddle's."""

@@ -35,6 +35,7 @@ from .fleet import (
     distributed_optimizer,
     distributed_scaler,
     get_hybrid_communicate_group,
+    get_parallel_plan,
     get_strategy,
     init,
     is_first_worker,
@@ -48,6 +49,7 @@ from .fleet import (
     worker_num,
 )
 from .optimizer import DistributedOptimizer
+from .plan import ParallelPlan
 from .recompute import recompute
 from .strategy import DistributedStrategy
 from .util_base import UtilBase, UtilFactory
@@ -86,4 +88,6 @@ __all__ = [
     "get_hybrid_communicate_group",
     "CommunicateTopology",
     "HybridCommunicateGroup",
+    "get_parallel_plan",
+    "ParallelPlan",
 ]

@@ -1,4 +1,5 @@
-"""What ``fleet.init`` keeps: the strategy, the role maker, and the models and optimizers wrapped since.
+"""What ``fleet.init`` keeps: the strategy, its parallel plan, the role maker, and the models and optimizers
+wrapped since.
 
 One object for the process, written by :mod:`.fleet` (``init``,
 ``distributed_model``, ``distributed_optimizer``) and read by the modules
@@ -23,7 +24,8 @@ __all__ = ["FleetState", "state", "get_strategy", "reset"]
 
 
 class FleetState:
-    """The strategy ``fleet.init`` kept (None before), its role maker, and the wrapped models and optimizers.
+    """The strategy ``fleet.init`` kept (None before), its parallel plan, its role maker, and the wrapped models and
+    optimizers.
 
     Example::
 
@@ -40,7 +42,13 @@ class FleetState:
         self.role_maker: Any = None  # a fleet.PaddleCloudRoleMaker
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # fleet.DistributedOptimizer objects
-        self.hcg: Any = None  # the HybridCommunicateGroup of fleet.init (base/topology.py)
+        # the ParallelPlan of fleet.init (plan.py): the one place degrees, the mesh and the groups live
+        self.plan: Any = None
+
+    @property
+    def hcg(self) -> Any:
+        """The HybridCommunicateGroup over :attr:`plan` (base/topology.py); None until the plan is built."""
+        return self.plan._view if self.plan is not None else None
 
 
 #: The one state of this process (never replaced: :func:`reset` clears it in place).

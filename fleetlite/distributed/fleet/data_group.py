@@ -3,9 +3,9 @@
 # Note [data group]
 Under hybrid parallelism the ranks of one tensor-parallel group compute one model replica together, and
 so do the stages of one pipeline: they must read the SAME batches. Data is therefore split over the
-data-parallel axis only. The rule, in this one place: when fleet has a hybrid topology with
-``mp_degree``, ``pp_degree`` or ``sep_degree`` above 1, the data group is the HybridCommunicateGroup's
-data × sharding group (rank = ``get_data_sharding_parallel_rank()``, size = dp × sharding degree: the
+data-parallel axis only. The rule, in this one place: when fleet's parallel plan has ``mp_degree``,
+``pp_degree`` or ``sep_degree`` above 1, the data group is the plan's ``data`` group, dp × sharding
+(rank = ``plan.data_rank``, hcg's ``get_data_sharding_parallel_rank()``, size = dp × sharding degree: the
 sharding axis splits data as dp does, Note [sharding with mp and pp]); otherwise it is the world. Everything the Trainer
 splits or sums over data uses it: its samplers (explicit ``num_replicas`` / ``rank``), the loss and metric
 sums of fit and evaluate (one all-reduce over the group; a torchmetrics metric's ``process_group``), the
@@ -62,9 +62,7 @@ def data_group() -> DataGroup:
         g = data_group()
         collective.all_reduce(sums, group=g.group)   # sums over the ranks that read different data
     """
-    hcg = context.state.hcg if context.state.strategy is not None else None
-    if hcg is not None and (hcg.get_model_parallel_world_size() > 1 or hcg.get_pipe_parallel_world_size() > 1
-                            or hcg.get_sep_parallel_world_size() > 1):
-        return DataGroup(hcg.get_data_sharding_parallel_rank(), hcg.get_data_sharding_parallel_world_size(),
-                         hcg.get_data_sharding_parallel_group(), True)
+    plan = context.state.plan if context.state.strategy is not None else None
+    if plan is not None and plan.built and plan.hybrid:  # (fleet.init builds a hybrid plan)
+        return DataGroup(plan.data_rank, plan.data_size, plan.group("data"), True)
     return DataGroup(collective.get_rank(), collective.get_world_size(), None, False)

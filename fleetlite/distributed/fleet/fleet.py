@@ -28,8 +28,10 @@ from . import context
 from .amp import DTYPES, AmpHelper, DistGradScaler, warn_cpu_amp
 from .base import topology as _topology
 from .context import get_strategy
+from .meta_parallel.hybrid_stage3 import distributed_stage3
 from .meta_parallel.pipeline.layers import PipelineLayer
 from .optimizer import DistributedOptimizer
+from .plan import ParallelPlan
 from .recompute import apply_recompute, resolve_checkpoints
 from .strategy import DistributedStrategy
 
@@ -37,6 +39,7 @@ __all__ = [
     "init", "distributed_model", "distributed_optimizer", "distributed_scaler", "get_strategy", "user_strategy",
     "is_initialized", "worker_index", "worker_num", "is_first_worker", "barrier_worker", "local_rank",
     "worker_endpoints", "PaddleCloudRoleMaker", "is_worker", "is_server", "get_hybrid_communicate_group",
+    "get_parallel_plan",
 ]
 
 logger = logging.getLogger("fleetlite.fleet")
@@ -130,40 +133,44 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     if not by_trainer:
         _state.user_strategy = resolved
     _state.role_maker = role_maker or PaddleCloudRoleMaker(is_collective=True)
-    degrees = resolved.hybrid_degrees(_world_size())
-    if _state.hcg is not None and _hcg_degrees(_state.hcg) != degrees:
-        _state.hcg = None  # a new strategy with other degrees: a new topology
-    partial_stage1 = resolved.sharding_stage == 1 and 1 < degrees["sharding"] < _world_size()
-    if degrees["mp"] > 1 or degrees["pp"] > 1 or degrees["sep"] > 1 or partial_stage1:
-        _build_hcg(resolved)  # collective: every rank calls init
+    plan = ParallelPlan.from_strategy(resolved, _world_size(), ParallelEnv().device.type)
+    if not plan.same_layout(_state.plan):
+        _state.plan = plan  # a new strategy with other degrees or order: a new plan (the same one keeps its groups)
+    partial_stage1 = resolved.sharding_stage == 1 and 1 < plan.sharding < plan.world_size
+    if plan.hybrid or partial_stage1:
+        _topology.hcg_of(_state.plan)  # builds the mesh and its groups (collective: every rank calls init)
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
-
-
-def _hcg_degrees(hcg: _topology.HybridCommunicateGroup) -> dict[str, int]:
-    topo = hcg.topology()
-    return {_topology.PADDLE_TO_MESH[n]: topo.get_dim(n) for n in topo.get_hybrid_group_names()}
-
-
-def _build_hcg(strategy: DistributedStrategy) -> _topology.HybridCommunicateGroup:
-    """The topology of ``hybrid_configs`` and its groups, kept for this process (collective)."""
-    _state.hcg = _topology.from_strategy(strategy, _world_size(), ParallelEnv().device.type)
-    return _state.hcg
 
 
 def get_hybrid_communicate_group() -> _topology.HybridCommunicateGroup:
     """Paddle's ``fleet.get_hybrid_communicate_group()``: the groups of ``hybrid_configs``' axes for this rank.
 
-    Built by :func:`init` when ``mp_degree``/``pp_degree`` > 1; for a data-parallel strategy it is built
-    on the first call (collective there: call it on every rank).
+    Paddle's view of the parallel plan (:func:`get_parallel_plan`), whose mesh and groups :func:`init` builds when
+    ``mp_degree``/``pp_degree``/``sep_degree`` > 1; for a data-parallel strategy on the first call (collective
+    there: call it on every rank).
 
     Example::
 
         hcg = fleet.get_hybrid_communicate_group()
         print(hcg.get_data_parallel_rank(), hcg.get_model_parallel_rank(), hcg.get_stage_id())
     """
-    strategy = _require_init("get_hybrid_communicate_group")
-    return _state.hcg if _state.hcg is not None else _build_hcg(strategy)
+    _require_init("get_hybrid_communicate_group")
+    return _topology.hcg_of(_state.plan)
+
+
+def get_parallel_plan() -> ParallelPlan:
+    """The :class:`~fleetlite.distributed.fleet.plan.ParallelPlan` ``fleet.init`` made: the hybrid degrees, the one
+    named ``DeviceMesh`` and the groups by purpose (``data``, ``loss``, ``model``, each axis; Note [plan groups]).
+
+    Example::
+
+        plan = fleet.get_parallel_plan()
+        plan.dp, plan.mp, plan.pp_enabled
+        torch.distributed.all_reduce(loss, group=plan.group("loss"))   # builds the mesh on first use (collective)
+    """
+    _require_init("get_parallel_plan")
+    return _state.plan
 
 
 def is_initialized() -> bool:
@@ -261,11 +268,15 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
-    hcg = _state.hcg
-    if hcg is not None and hcg.get_pipe_parallel_world_size() > 1:  # Paddle's order: pp, then mp, then the rest
-        wrapped = _pipeline_parallel(model, strategy, hcg)
-    elif hcg is not None and hcg.get_model_parallel_world_size() > 1:
-        wrapped = _tensor_parallel(model, strategy, hcg)
+    plan = _state.plan  # (built by init when pp or mp is above 1)
+    if strategy.sharding_stage == 3 and plan.mp_enabled:  # FSDP2 over dp x sharding (Note [stage 3 beside mp])
+        wrapped = distributed_stage3(model, strategy, _topology.hcg_of(plan))
+    elif plan.pp_enabled:  # Paddle's order: pp, then mp, then the rest
+        wrapped = _pipeline_parallel(model, strategy, _topology.hcg_of(plan))
+    elif plan.mp_enabled:
+        wrapped = _tensor_parallel(model, strategy, _topology.hcg_of(plan))
+    elif plan.sep_enabled:  # Paddle's SegmentParallel (sep_degree > 1)
+        wrapped = _segment_parallel(model, strategy, _topology.hcg_of(plan))
     elif strategy.sharding_stage >= 2 and collective.is_initialized():
         wrapped = _shard_model(model, strategy)
     else:
@@ -386,6 +397,19 @@ def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn
         comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
 
 
+def _segment_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+    """sep_degree > 1: SegmentParallel, the engine over dp × sep (meta_parallel/segment_parallel.py)."""
+    from .meta_parallel import SegmentParallel
+
+    fused = strategy.fuse_all_reduce_ops
+    return SegmentParallel(
+        model, hcg, strategy,
+        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+        find_unused_parameters=strategy.find_unused_parameters,
+        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
+
+
 def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
     fused = strategy.fuse_all_reduce_ops
     dp = DataParallel(
@@ -437,12 +461,11 @@ def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
     """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding), and stage 2 next to mp/pp: the
     hcg's sharding group holds the optimizer state (Notes [sharding with mp and pp], [hybrid sharding stage 2]);
     None: every rank (plain stage 1), or FSDP2 (plain stages 2/3)."""
-    hcg = _state.hcg
-    if hcg is None or not 1 < hcg.get_sharding_parallel_world_size() < _world_size():
+    plan = _state.plan
+    if plan is None or not plan.built or not 1 < plan.sharding < plan.world_size:
         return None
-    hybrid = hcg.get_model_parallel_world_size() > 1 or hcg.get_pipe_parallel_world_size() > 1
-    if strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and hybrid):
-        return hcg.get_sharding_parallel_group()
+    if strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and (plan.mp_enabled or plan.pp_enabled)):
+        return plan.group("sharding")
     return None
 
 
@@ -508,6 +531,5 @@ def worker_endpoints(to_string: bool = False) -> list[str] | str:
 
 
 def _reset() -> None:
-    """Forget the strategy, models, optimizers and topology (tests)."""
+    """Forget the strategy, its plan, models and optimizers (tests)."""
     context.reset()
-    _topology._reset()

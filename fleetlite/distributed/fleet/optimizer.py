@@ -140,16 +140,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.hybrid_clip = self._hybrid_clip(optimizer)
 
     def _hybrid_clip(self, optimizer: torch.optim.Optimizer) -> HybridParallelClipGrad | None:
-        """Under mp/pp, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
+        """Under mp/pp/sep, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
         hcg, norm = context.state.hcg, grad_clip_norm_of(getattr(optimizer, "_grad_clip", None))
         if hcg is None or norm is None or (hcg.get_model_parallel_world_size() == 1
-                                           and hcg.get_pipe_parallel_world_size() == 1):
+                                           and hcg.get_pipe_parallel_world_size() == 1
+                                           and hcg.get_sep_parallel_world_size() == 1):
             return None
         clip = HybridParallelClipGrad(norm, hcg)
 
         def pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             clip([p for g in opt.param_groups for p in g["params"]])
 
+        self._clip_pre_step = pre_step  # (registered again on an optimizer rebuilt over stage-3 shards)
         self.inner_opt.register_step_pre_hook(pre_step)
         return clip
 
@@ -203,6 +205,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
+                if self.hybrid_clip is not None:  # stage 3 beside mp: the clip belongs to the optimizer that steps
+                    self.inner_opt.register_step_pre_hook(self._clip_pre_step)
             self._sharded_model = model
         self.merge.attach(model)
         self.meta.attach(model)

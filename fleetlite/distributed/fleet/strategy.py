@@ -18,8 +18,7 @@ assignment time -- stricter than Paddle, which prints a warning and ignores
 most wrongly typed values.
 
 Features that are named but not implemented here (:data:`strategy_fields.REFUSED`:
-pipeline, tensor_parallel, a sep degree above
-1, pure fp16, ...) can be set, so a Paddle script's strategy builds, but
+pipeline, tensor_parallel, pure fp16, ...) can be set, so a Paddle script's strategy builds, but
 :meth:`DistributedStrategy.check_supported` (run by ``fleet.init`` and
 ``fleet.distributed_*``) refuses them with NotImplementedError naming the
 field instead of ignoring them. ``save_to_prototxt`` / ``load_from_prototxt``
@@ -35,6 +34,7 @@ from typing import Any
 __all__ = ["DistributedStrategy"]
 
 from . import strategy_configs as _cfg
+from .plan import check_degrees, resolve_degrees
 from .strategy_fields import CONFIGS, FLAGS, REFUSED, StrategyTypeError, UnknownFieldError
 
 # Paddle's attributes that live inside hybrid_configs here: name -> key path
@@ -287,15 +287,16 @@ class DistributedStrategy:
 
     def _check_hybrid_sharding(self) -> None:
         """Sharding next to mp/pp: stages 1 and 2 over hybrid_configs' sharding axis (Notes [sharding with mp and pp],
-        [hybrid sharding stage 2]); stage 3 is refused."""
+        [hybrid sharding stage 2]); stage 3 beside mp on FSDP2 over dp x sharding (Note [stage 3 beside mp]),
+        beside pp refused."""
         hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
         stage, hsd = cfg["stage"], hybrid["sharding_degree"]
-        if stage == 3:
+        if stage == 3 and (hybrid["pp_degree"] > 1 or hybrid["sep_degree"] > 1):
             raise NotImplementedError(
-                "sharding stage 3 together with mp_degree/pp_degree > 1 is not implemented by fleetlite (its "
-                "parameter sharding is FSDP2's, which would replace the tensor-parallel slices and the pipeline "
-                "stages' parameters with its own); set sharding_configs['stage'] = 2 (optimizer state and "
-                "gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state only)")
+                "sharding stage 3 together with pp_degree/sep_degree > 1 is not implemented by fleetlite (stage 3 "
+                "runs beside mp_degree > 1 only: FSDP2 over dp x sharding); set sharding_configs['stage'] = 2 "
+                "(optimizer state and gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state "
+                "only), or use mp_degree instead of pp_degree")
         if stage == 2 and self._values["fp16_allreduce"]:
             raise NotImplementedError(
                 "fp16_allreduce with sharding stage 2 next to mp_degree/pp_degree > 1: the reduction to each "
@@ -313,10 +314,11 @@ class DistributedStrategy:
                 f"sharding_configs['sharding_degree'] = {sd} but hybrid_configs['sharding_degree'] = {hsd}; with "
                 "mp_degree/pp_degree > 1 the sharding group is hybrid_configs' axis: drop sharding_configs' "
                 f"sharding_degree (or set it to {hsd})")
-        if cfg["offload"] or cfg["wrap"]:
+        if cfg["offload"] or (cfg["wrap"] and stage != 3):
             raise NotImplementedError(
-                "sharding_configs offload/wrap apply to FSDP2 (stages 2 and 3 without mp/pp); with mp_degree/"
-                "pp_degree > 1 stages 1 and 2 shard over hybrid_configs' sharding axis without FSDP2: drop them")
+                "sharding_configs offload/wrap apply to FSDP2 (stages 2 and 3 without mp/pp; wrap also to stage 3 "
+                "beside mp); with mp_degree/pp_degree > 1 stages 1 and 2 shard over hybrid_configs' sharding axis "
+                "without FSDP2: drop them")
         if cfg["dp_degree"] != 1 or cfg["hybrid_dp"]:
             raise ValueError(
                 "sharding_configs['dp_degree'] / ['hybrid_dp'] are static-graph sharding's replicas; with "
@@ -352,35 +354,25 @@ class DistributedStrategy:
                 f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
                 "fp16_allreduce, sharding stages 1-3, lamb, lars, localsgd, adaptive_localsgd and dgc.")
         hybrid = self._values["hybrid_configs"]
-        sd, dp = self.sharding_degree(world_size), hybrid["dp_degree"]
-        hsd = hybrid["sharding_degree"]  # Paddle's dp_degree counts the replicas of a hybrid_configs sharding group
+        beside = [f"{k}={hybrid[k]}" for k in ("mp_degree", "pp_degree", "sharding_degree") if hybrid[k] > 1]
+        if hybrid["sep_degree"] > 1 and (beside or self.sharding_enabled):  # meta_parallel/segment_parallel.py
+            raise NotImplementedError(
+                f"hybrid_configs['sep_degree'] = {hybrid['sep_degree']} beside {', '.join(beside) or 'sharding'} is "
+                "not implemented by fleetlite (yet): segment parallelism runs with dp_degree alone; set the others "
+                "to 1 (and strategy.sharding = False)")
         model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
         if self.sharding_enabled and model > 1:  # (hsd > 1 turns sharding on)
             self._check_hybrid_sharding()
         elif self.sharding_enabled:
-            self._check_sharding(sd, world_size)
-        others = model * max(hsd, 1)
-        if world_size % others:
-            raise ValueError(
-                f"hybrid_configs degrees mp {hybrid['mp_degree']} x pp {hybrid['pp_degree']} x sharding {hsd} x sep "
-                f"{hybrid['sep_degree']} = {others} do not divide the {world_size} ranks: make their product (times "
-                "dp_degree) the world size")
-        expected_dp = world_size // others
-        if dp != -1 and dp != expected_dp:
-            raise ValueError(
-                f"hybrid_configs['dp_degree'] = {dp} does not fit {world_size} ranks (mp {hybrid['mp_degree']}, pp "
-                f"{hybrid['pp_degree']}, sharding {hsd}, sep {hybrid['sep_degree']}): it must be {expected_dp} or -1 "
-                "(the rest)")
+            self._check_sharding(self.sharding_degree(world_size), world_size)
+        check_degrees(hybrid, world_size)  # the plan's checks (plan.py)
 
     def hybrid_degrees(self, world_size: int) -> dict[str, int]:
-        """The degree of each hybrid axis (``dp``, ``pp``, ``sharding``, ``sep``, ``mp``), ``dp_degree=-1`` resolved.
+        """The degree of each hybrid axis (``dp``, ``pp``, ``sharding``, ``sep``, ``mp``), ``dp_degree=-1`` resolved:
+        the parallel plan's degrees (``fleet.get_parallel_plan().degrees`` after ``fleet.init``).
 
         Example::
 
             DistributedStrategy(hybrid_configs={"mp_degree": 2}).hybrid_degrees(4)["dp"]   # 2
         """
-        h = self._values["hybrid_configs"]
-        out = {"pp": h["pp_degree"], "sharding": h["sharding_degree"], "sep": h["sep_degree"], "mp": h["mp_degree"]}
-        rest = out["pp"] * out["sharding"] * out["sep"] * out["mp"]
-        out["dp"] = h["dp_degree"] if h["dp_degree"] != -1 else max(world_size // rest, 1)
-        return out
+        return resolve_degrees(self._values["hybrid_configs"], world_size)

@@ -360,12 +360,12 @@ class Refusal(NamedTuple):
 # value differs from Paddle's default -- for a ``<flag>_configs`` key only while its flag is on (Paddle ignores the
 # configs of a feature that is off); hybrid_configs keys always. Never a silent no-op.
 REFUSED: dict[str, Refusal] = {
-    # hybrid_configs' mp_degree and pp_degree run (fleet/base/topology.py, fleet/meta_parallel/). (lamb, lars,
-    # localsgd, adaptive_localsgd and dgc are applied by fleet.distributed_optimizer: fleet/meta_optimizers/.)
+    # hybrid_configs' mp_degree, pp_degree and sep_degree run (fleet/base/topology.py, fleet/meta_parallel/).
+    # (lamb, lars, localsgd, adaptive_localsgd and dgc are applied by fleet.distributed_optimizer:
+    # fleet/meta_optimizers/.)
     "pipeline": Refusal("static-graph pipeline parallelism; use hybrid_configs' pp_degree with a PipelineLayer", True),
     "tensor_parallel": Refusal("static-graph tensor parallelism; use hybrid_configs' mp_degree with "
                                "fleet.meta_parallel layers", True),
-    "hybrid_configs.sep_degree": Refusal("sequence parallelism; set it to 1", True),
     # not planned:
     "amp_configs.use_pure_fp16": Refusal("Paddle's O2: parameters kept in half precision with fp32 master weights; "
                                          "set it to False to train with torch.autocast (O1)", False),

@@ -34,7 +34,10 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
     rank-consistent ``fleet.distributed_scaler``. ``sharding_degree`` below the
     world size gives hybrid sharding. Paddle's buffer/segment sizes and
     ``sync_comm`` are tuning knobs of its own engine and are accepted and
-    ignored; ``group``/``dp_group``/``exclude_layer`` are refused when given.
+    ignored. ``group``: the hybrid communicate group's sharding group
+    (``hcg.get_sharding_parallel_group()``, after ``fleet.init`` with ``hybrid_configs``' ``sharding_degree``),
+    which shards over that axis next to tensor parallelism (``"p_g_os"``: FSDP2 over dp × sharding, Note
+    [stage 3 beside mp]); another group, ``dp_group`` and ``exclude_layer`` are refused.
 
     Example::
 
@@ -46,16 +49,18 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
     if level not in _LEVELS:
         raise ValueError(f"level={level!r} must be one of 'os' (optimizer state), 'os_g' (+ gradients) or 'p_g_os' "
                          "(+ parameters)")
-    for name, value in (("group", group), ("dp_group", dp_group), ("exclude_layer", exclude_layer)):
+    for name, value in (("dp_group", dp_group), ("exclude_layer", exclude_layer)):
         if value is not None:
             raise NotImplementedError(f"group_sharded_parallel({name}=...) is not supported; sharding runs over "
                                       "all ranks (or sharding_degree-sized groups for hybrid sharding)")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    hybrid_degree = _hcg_sharding_degree(group) if group is not None else None
     strategy = fleet_mod.get_strategy()
     strategy.sharding = True
+    degree = hybrid_degree or (-1 if sharding_degree is None else int(sharding_degree))
     strategy.sharding_configs = {"stage": _LEVELS[level], "offload": bool(offload), "wrap": list(wrap or []),
-                                 "sharding_degree": -1 if sharding_degree is None else int(sharding_degree)}
+                                 "sharding_degree": degree}
     if fleet_mod.is_initialized():
         fleet_context.state.strategy = strategy
     else:
@@ -65,6 +70,20 @@ def group_sharded_parallel(model: nn.Module, optimizer: torch.optim.Optimizer, l
     if scaler is not None:
         scaler = fleet_mod.distributed_scaler(scaler)
     return model, optimizer, scaler
+
+
+def _hcg_sharding_degree(group: Any) -> int:
+    """The sharding degree of ``group`` when it is the hybrid communicate group's sharding group (the same ranks),
+    else one line saying which group works."""
+    hcg = fleet_context.state.hcg if fleet_mod.is_initialized() else None
+    mine = hcg.get_sharding_parallel_group() if hcg is not None else None
+    if mine is None or tdist.get_process_group_ranks(group) != tdist.get_process_group_ranks(mine):
+        raise NotImplementedError(
+            "group_sharded_parallel(group=...) takes the hybrid communicate group's sharding group only: call "
+            "fleet.init with strategy.hybrid_configs' sharding_degree (e.g. {'mp_degree': 2, 'sharding_degree': 2}) "
+            "and pass group=fleet.get_hybrid_communicate_group().get_sharding_parallel_group(), or leave group out "
+            "(all ranks)")
+    return hcg.get_sharding_parallel_world_size()
 
 
 def save_group_sharded_model(model: nn.Module, output: str | os.PathLike, optimizer: Any = None) -> None:

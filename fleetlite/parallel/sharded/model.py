@@ -104,6 +104,8 @@ class ShardedDataParallel(WrappedModel):
         offload: keep the sharded parameters, gradients and optimizer state in CPU memory (``CPUOffloadPolicy``).
         param_dtype / reduce_dtype: FSDP2's ``MixedPrecisionPolicy`` (e.g. bfloat16 compute, float32 reduction).
         wrap: module class names that become FSDP units (Note [sharding units]).
+        mesh: a 1-D ``DeviceMesh`` to shard over instead of one built from ``sharding_degree`` (the data ×
+            sharding ranks of a hybrid mesh, beside tensor parallelism: Note [stage 3 beside mp]).
 
     Example::
 
@@ -120,7 +122,7 @@ class ShardedDataParallel(WrappedModel):
 
     def __init__(self, layers: nn.Module, stage: int = 3, sharding_degree: int | None = None, offload: bool = False,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 wrap: Sequence[str] | None = None) -> None:
+                 wrap: Sequence[str] | None = None, mesh: Any = None) -> None:
         super().__init__()
         # FSDP2 loads in ~0.5 s (DTensor, DCP): imported by the sharded stages only
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -139,7 +141,7 @@ class ShardedDataParallel(WrappedModel):
         device_type = params[0].device.type
         self.stage = stage
         self.offload = bool(offload)
-        self.mesh = build_mesh(sharding_degree, device_type)
+        self.mesh = mesh if mesh is not None else build_mesh(sharding_degree, device_type)
         self.sharding_degree = self.mesh.size(self.mesh.ndim - 1)
         names = {id(p): (n, weakref.ref(p)) for n, p in layers.named_parameters()}
         units = _named_units(layers, wrap) if wrap else _default_units(layers)

@@ -135,7 +135,7 @@ def test_copy_and_pickle():
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"hybrid_configs": {"sep_degree": 2}}, "sep_degree"),  # mp/pp degrees run
+    ({"hybrid_configs": {"sep_degree": 2, "pp_degree": 2}}, "sep_degree"),  # mp/pp/sep degrees each run
     ({"tensor_parallel": True}, "tensor_parallel"),
     ({"sharding": True, "sharding_configs": {"stage": 1, "offload": True}}, "offload"),
     ({"amp": True, "amp_configs": {"use_pure_fp16": True}}, "use_pure_fp16"),

@@ -444,4 +444,5 @@ def test_the_tables_name_only_real_fields():
         assert exists(path), path
     assert not set(REFUSED) & set(NO_EFFECT)
     later = sorted(p for p, r in REFUSED.items() if r.later)
-    assert {"hybrid_configs.sep_degree"} <= set(later)  # mp/pp degrees run (tests/distributed/hybrid)
+    assert {"pipeline", "tensor_parallel"} <= set(later)
+    assert "hybrid_configs.sep_degree" not in REFUSED  # mp/pp/sep degrees run (tests/distributed/hybrid)

@@ -153,3 +153,57 @@ def embedding_loss(args, y1):
 
 def embedding_layers():
     return [EmbeddingPipe(), MatmulNet(), BiasNet()]
+
+
+# -- interleaved (virtual) stages ----------------------------------------------------------------------------------
+def deep_descs():
+    """Eight layers: pp2 x 2 virtual stages gives four chunks of two (chunks 0, 2 on stage 0; 1, 3 on stage 1)."""
+    return [LayerDesc(nn.Linear, 6, 12), nn.Tanh(), LayerDesc(nn.Linear, 12, 12), nn.Tanh(),
+            LayerDesc(nn.Linear, 12, 12), nn.Tanh(), LayerDesc(nn.Linear, 12, 4), nn.Identity()]
+
+
+class DeepReference(nn.Sequential):
+    """``deep_descs`` by hand."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 12), nn.Tanh(),
+                         nn.Linear(12, 4), nn.Identity())
+
+
+class Scale(nn.Module):
+    """(logits) -> logits * a learned scalar: a layer after the tied head."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(1.25))
+
+    def forward(self, logits):
+        return logits * self.alpha
+
+
+def tied_tail_descs():
+    """The tied embedding/head on one stage in two chunks (with seg_method=[0, 1, 2, 3] and pp2 x 2 virtual
+    stages: chunk 0 the embedding and chunk 2 the head on stage 0; the Block and the Scale on stage 1)."""
+    return [SharedLayerDesc("embed", EmbeddingPipe, shared_weight_attr="embedding_weight"), LayerDesc(Block),
+            SharedLayerDesc("embed", EmbeddingPipe, forward_func=_logits, shared_weight_attr="embedding_weight"),
+            LayerDesc(Scale)]
+
+
+class TiedTailReference(nn.Module):
+    """``tied_tail_descs`` by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared_layers = nn.ModuleDict({"embed": EmbeddingPipe()})
+        self.add_module("1", Block())
+        self.add_module("3", Scale())
+
+    def forward(self, x1, x2):
+        h, _ = getattr(self, "1")(self.shared_layers["embed"]((x1, x2)))
+        return getattr(self, "3")(h @ self.shared_layers["embed"].word_embeddings.weight.t())
+
+
+def reference_more(kind: str) -> nn.Module:
+    """The single-process reference of ``kind`` ("deep", "tied_tail"), from seed 0."""
+    torch.manual_seed(0)
+    return {"deep": DeepReference, "tied_tail": TiedTailReference}[kind]()

@@ -2,7 +2,8 @@
 pp2 × sharding2 on 4 ranks train like a single process of the same model from the same weights (AdamW,
 global-norm clipping of the whole model), and after each step's reduction a rank holds only the gradients of
 the parameters its ZeroRedundancyOptimizer partition owns (the others None): about half of stage 1's gradient
-bytes per rank. Gradient merge and the Trainer keep working; stage 3 next to mp/pp stays refused."""
+bytes per rank. Gradient merge and the Trainer keep working; stage 3 next to pp stays refused (beside mp:
+test_hybrid_stage3.py)."""
 
 import sys
 from pathlib import Path
@@ -252,10 +253,8 @@ def test_trainer_sharding2_stage2_equals_one_process(kind, clip):
 
 
 @pytest.mark.parametrize("fields, hybrid, error, match", [
-    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"mp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "sharding stage 3 together with mp_degree/pp_degree > 1 is not implemented"),
     ({"sharding": True, "sharding_configs": {"stage": 3}}, {"pp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "FSDP2's, which would replace the tensor-parallel slices"),
+     NotImplementedError, "stage 3 runs beside mp_degree > 1 only"),
     ({"sharding": True, "sharding_configs": {"stage": 2}, "fp16_allreduce": True},
      {"mp_degree": 2, "sharding_degree": 2}, NotImplementedError, "fp16_allreduce with sharding stage 2"),
     ({"sharding": True, "sharding_configs": {"stage": 2, "offload": True}}, {"pp_degree": 2, "sharding_degree": 2},

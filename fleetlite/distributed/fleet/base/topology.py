@@ -1,6 +1,7 @@
 """Paddle's hybrid-parallel topology: ``CommunicateTopology`` (pure rank arithmetic) and
-``HybridCommunicateGroup`` (the process groups of each parallel axis), on torch process groups and a
-named :class:`torch.distributed.device_mesh.DeviceMesh`.
+``HybridCommunicateGroup`` (the process groups of each parallel axis): Paddle's views of the
+:class:`~fleetlite.distributed.fleet.plan.ParallelPlan`, whose one named
+:class:`torch.distributed.device_mesh.DeviceMesh` and groups (Note [plan groups]) the HCG hands out.
 
 # Note [topology order]
 Ranks are laid out row-major over the axes in ``hybrid_configs['order']``
@@ -9,7 +10,7 @@ innermost, so the ranks of one tensor-parallel group are neighbours). The
 coordinate of a rank is its index in ``arange(world).reshape(dims)``, which is
 also how torch lays out a ``DeviceMesh``: the mesh dimension named ``"mp"``
 holds exactly the groups of ``get_comm_list("model")``, so the HCG's groups
-*are* the mesh's groups (created once, in the same order on every rank).
+*are* the plan's mesh's groups (created once, in the same order on every rank).
 
 # Note [sharding with mp and pp]
 With ``sharding_degree`` > 1 (sharding stage 1) next to mp/pp, or next to dp alone, the sharding axis
@@ -41,10 +42,13 @@ from functools import reduce
 from itertools import product
 from typing import Any
 
-import torch
 import torch.distributed as tdist
 
-__all__ = ["CommunicateTopology", "HybridCommunicateGroup", "ParallelMode", "PADDLE_TO_MESH", "AXIS_OF"]
+from .. import context
+from ..plan import ParallelPlan
+
+__all__ = ["CommunicateTopology", "HybridCommunicateGroup", "ParallelMode", "PADDLE_TO_MESH", "AXIS_OF", "hcg_of",
+           "get_hybrid_communicate_group"]
 
 logger = logging.getLogger("fleetlite.fleet")
 
@@ -52,9 +56,6 @@ logger = logging.getLogger("fleetlite.fleet")
 PADDLE_TO_MESH = {"data": "dp", "pipe": "pp", "sharding": "sharding", "sep": "sep", "model": "mp"}
 #: hybrid_configs' order keys -> Paddle's axis names
 AXIS_OF = {v: k for k, v in PADDLE_TO_MESH.items()}
-
-_HYBRID_PARALLEL_GROUP: HybridCommunicateGroup | None = None
-
 
 class ParallelMode:
     """Paddle's parallel modes (``hcg.get_parallel_mode()``)."""
@@ -171,9 +172,10 @@ class HybridCommunicateGroup:
 
     Build it through ``fleet.init(is_collective=True, strategy=s)`` with ``s.hybrid_configs``, then
     ``fleet.get_hybrid_communicate_group()``. The groups are torch process groups (Paddle's ``group.ranks`` is
-    ``torch.distributed.get_process_group_ranks(group)``; None single-process); ``mesh`` is the named
-    ``DeviceMesh`` they come from (None single-process). ``is_first_stage`` / ``is_last_stage`` are
-    attributes, as in Paddle.
+    ``torch.distributed.get_process_group_ranks(group)``; None single-process), all read from ``plan``, the
+    :class:`~fleetlite.distributed.fleet.plan.ParallelPlan` it views; ``mesh`` is the plan's named
+    ``DeviceMesh`` (None single-process). ``is_first_stage`` / ``is_last_stage`` are attributes, as in Paddle.
+    Built by hand from a topology (as Paddle's tests do) it makes a plan of its own, which becomes fleet's.
 
     Example::
 
@@ -183,45 +185,43 @@ class HybridCommunicateGroup:
     """
 
     def __init__(self, topology: CommunicateTopology, device_type: str | None = None) -> None:
-        initialized = tdist.is_available() and tdist.is_initialized()
-        self.nranks = tdist.get_world_size() if initialized else 1
-        self.global_rank = tdist.get_rank() if initialized else 0
-        self._topo = topology
         names = topology.get_hybrid_group_names()
         unknown = [n for n in names if n not in PADDLE_TO_MESH]
         if unknown or len(set(names)) != len(names):
             raise ValueError(f"HybridCommunicateGroup needs the axes {list(PADDLE_TO_MESH)} (each once), got {names}")
-        dim = {n: topology.get_dim(n) if n in names else 1 for n in PADDLE_TO_MESH}
-        self._dp_degree, self._mp_degree, self._pp_degree = dim["data"], dim["model"], dim["pipe"]
-        self._sharding_degree, self._sep_degree = dim["sharding"], dim["sep"]
-        if topology.world_size() != self.nranks:
-            raise ValueError(
-                f"hybrid degrees {dict(zip(names, [topology.get_dim(n) for n in names]))} make "
-                f"{topology.world_size()} ranks but the world has {self.nranks}: make their product the world size")
-        coord = topology.get_coord(self.global_rank)
-        get = lambda n: getattr(coord, n) if n in names else 0  # noqa: E731
-        self._data_parallel_id, self._model_parallel_id = get("data"), get("model")
-        self._sharding_parallel_id, self._sep_parallel_id, self.stage_id = get("sharding"), get("sep"), get("pipe")
-        self.mesh = None
-        self._groups: dict[str, Any] = {}
-        self._lists: dict[str, list[int]] = {}
-        for n in names:
-            self._lists[n] = next(g for g in topology.get_comm_list(n) if self.global_rank in g)
-        if initialized:
-            from torch.distributed.device_mesh import DeviceMesh
+        initialized = tdist.is_available() and tdist.is_initialized()
+        plan = ParallelPlan({PADDLE_TO_MESH[n]: topology.get_dim(n) for n in names},
+                            [PADDLE_TO_MESH[n] for n in names], tdist.get_world_size() if initialized else 1,
+                            device_type=device_type)
+        self._attach(plan.build(), topology)  # collective: every rank builds the plan's groups
+        context.state.plan = plan  # Paddle's last-built-HCG singleton is the plan fleet holds
 
-            dtype = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-            mesh = torch.arange(self.nranks).reshape(*[topology.get_dim(n) for n in names])
-            self.mesh = DeviceMesh(dtype, mesh, mesh_dim_names=tuple(PADDLE_TO_MESH[n] for n in names))
-            for n in names:
-                self._groups[n] = self.mesh.get_group(PADDLE_TO_MESH[n])
-            # the check/clip group (Paddle's _set_check_group("data")): every rank of one data-parallel replica
-            check = [r for r in range(self.nranks) if topology.get_coord(r).data == self._data_parallel_id] \
-                if "data" in names else list(range(self.nranks))
-            self._check_group = self._new_groups_along("data", check)
-        else:
-            self._check_group = None
-        self._sharding_groups(initialized)
+    @classmethod
+    def _of(cls, plan: ParallelPlan) -> HybridCommunicateGroup:
+        """The view of a built ``plan`` (no new process group)."""
+        hcg = cls.__new__(cls)
+        hcg._attach(plan, CommunicateTopology([AXIS_OF[a] for a in plan.order], [plan.degrees[a] for a in plan.order]))
+        return hcg
+
+    def _attach(self, plan: ParallelPlan, topology: CommunicateTopology) -> None:
+        """Read everything from ``plan`` (Note [plan groups]): degrees, coordinates, the mesh and its groups."""
+        self.plan = plan
+        plan._view = self
+        self.nranks, self.global_rank, self._topo = plan.world_size, plan.rank, topology
+        names = topology.get_hybrid_group_names()
+        self._dp_degree, self._mp_degree, self._pp_degree = plan.dp, plan.mp, plan.pp
+        self._sharding_degree, self._sep_degree = plan.sharding, plan.sep
+        c = plan.coord
+        self._data_parallel_id, self._model_parallel_id = c["dp"], c["mp"]
+        self._sharding_parallel_id, self._sep_parallel_id, self.stage_id = c["sharding"], c["sep"], c["pp"]
+        self.mesh = plan.mesh
+        self._groups: dict[str, Any] = {n: plan.group(PADDLE_TO_MESH[n]) for n in names}
+        self._lists: dict[str, list[int]] = {n: plan.ranks(PADDLE_TO_MESH[n]) for n in names}
+        # the check/clip group (Paddle's _set_check_group("data")): every rank of one data-parallel replica;
+        # the groups sharding adds (Note [sharding with mp and pp]): dp x sharding, the replica, the sharding check
+        self._check_group = plan.group("check")
+        self._data_sharding_group, self._replica_group = plan.group("data"), plan.group("replica")
+        self._sharding_check_group = plan.group("sharding_check")
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self._pp_degree - 1
         self._p2p_groups: tuple[Any, Any, Any, Any] | None = None
@@ -230,11 +230,9 @@ class HybridCommunicateGroup:
             idx = pipe.index(self.global_rank)
             self.next_rank, self.prev_rank = pipe[(idx + 1) % len(pipe)], pipe[(idx - 1) % len(pipe)]
             # Paddle's switch for the four-direction p2p groups, read where Paddle reads it (topology.py)
-            if initialized and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
+            if plan.mesh is not None and os.environ.get("PADDLE_USE_FOUR_DIRECTIONS_P2P", "").lower() in ("1", "true"):
                 self._p2p_groups = self._four_directions_p2p_groups()
-        logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, dim)
-        global _HYBRID_PARALLEL_GROUP
-        _HYBRID_PARALLEL_GROUP = self
+        logger.debug("HybridParallelInfo: rank %d, %s", self.global_rank, plan)
 
     def _four_directions_p2p_groups(self) -> tuple[Any, Any, Any, Any]:
         """Paddle's ``_set_four_directions_p2p_group``: a 2-rank group per neighbouring pair and direction."""
@@ -253,26 +251,6 @@ class HybridCommunicateGroup:
                 elif self.global_rank == prev:
                     recv_next = group
         return send_next, send_prev, recv_next, recv_prev
-
-    def _sharding_groups(self, initialized: bool) -> None:
-        """The groups sharding adds (Note [sharding with mp and pp]); created only when sharding_degree > 1.
-
-        ``_data_sharding_group``: dp × sharding, the ranks that hold the same parameters and see different
-        data; ``_replica_group``: mp × pp × sep, the ranks that together hold one copy of the model;
-        ``_sharding_check_group``: the ranks with this rank's sharding coordinate (Paddle's
-        ``sharding_check_group``). Without sharding they are the dp group, the check group and the world.
-        """
-        names = self._topo.get_hybrid_group_names()
-        self._data_sharding_group, self._replica_group = self._group("data"), self._check_group
-        self._sharding_check_group = tdist.group.WORLD if initialized else None
-        if self._sharding_degree == 1 or not initialized:
-            return
-        self._data_sharding_group = self._group("sharding") if self._dp_degree == 1 else \
-            self.create_fuse_group(["data", "sharding"])[1]
-        others = [n for n in names if n not in ("data", "sharding")]
-        self._replica_group = self.create_fuse_group(others)[1] if others else None
-        self._sharding_check_group = self._new_groups_along("sharding", self._topo.get_axis_list(
-            "sharding", self._sharding_parallel_id), self._sharding_degree)
 
     def create_fuse_group(self, fused_strategy_list: list[str]) -> tuple[list[int], Any]:
         """Paddle's ``create_fuse_group``: one process group per position on the other axes, spanning the axes
@@ -294,19 +272,6 @@ class HybridCommunicateGroup:
                 mine = (ranks, group)
         assert mine is not None
         return mine
-
-    def _new_groups_along(self, axis: str, mine: list[int], degree: int | None = None) -> Any:
-        """One group per position on ``axis`` (all created on every rank, in order); this rank's one."""
-        degree = self._dp_degree if degree is None else degree
-        if axis not in self._topo.get_hybrid_group_names() or degree == 1:
-            return tdist.group.WORLD
-        out = None
-        for idx in range(degree):
-            ranks = self._topo.get_axis_list(axis, idx)
-            group = tdist.new_group(ranks=ranks)
-            if ranks == mine:
-                out = group
-        return out
 
     def _group(self, axis: str) -> Any:
         return self._groups.get(axis)
@@ -434,16 +399,22 @@ class HybridCommunicateGroup:
         """The dp × sharding ranks (same parameters, different data): gradients are averaged over it."""
         return self._data_sharding_group
 
-    # Paddle's fused groups of sep: built only with sep_degree > 1 there, which fleetlite does not run
+    # Paddle's fused groups of sep: they exist only with sep_degree > 1, as in Paddle
     def get_dp_sep_parallel_group(self) -> Any:
-        raise RuntimeError("hcg.get_dp_sep_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
-                           "fleetlite does not implement; for a dp x sep-like group call "
-                           "hcg.create_fuse_group(['data', 'sep'])[1] on every rank")
+        """The dp × sep ranks (the same parameters, different data or sequence parts): segment parallelism
+        averages gradients over it (the plan's ``dp_sep`` group)."""
+        return self._fused_sep_group("dp_sep", ["data", "sep"], "get_dp_sep_parallel_group")
 
     def get_pp_mp_parallel_group(self) -> Any:
-        raise RuntimeError("hcg.get_pp_mp_parallel_group() exists only with sep_degree > 1 (as in Paddle), which "
-                           "fleetlite does not implement; call hcg.create_fuse_group(['pipe', 'model'])[1] on every "
-                           "rank for the mp x pp group")
+        """The pp × mp ranks of this rank's dp and sep coordinates (the plan's ``pp_mp`` group)."""
+        return self._fused_sep_group("pp_mp", ["pipe", "model"], "get_pp_mp_parallel_group")
+
+    def _fused_sep_group(self, name: str, axes: list[str], what: str) -> Any:
+        if self._sep_degree == 1:
+            raise RuntimeError(f"hcg.{what}() exists only with sep_degree > 1 (as in Paddle); set "
+                               f"hybrid_configs['sep_degree'] > 1, or call hcg.create_fuse_group({axes})[1] on "
+                               "every rank")
+        return self.plan.group(name)  # the plan's fused group (built with the others)
 
     def _check_valid_topo(self) -> bool:
         """Paddle's check: the degrees multiply to the world size."""
@@ -478,28 +449,20 @@ class HybridCommunicateGroup:
                 f"sharding={self._sharding_degree}, sep={self._sep_degree}, mp={self._mp_degree})")
 
 
-def from_strategy(strategy: Any, world_size: int, device_type: str | None = None) -> HybridCommunicateGroup:
-    """The HybridCommunicateGroup of ``strategy.hybrid_configs`` (axes in its ``order``: Note [topology order]).
-
-    Collective (every rank creates every group, in the same order).
-    """
-    degrees = strategy.hybrid_degrees(world_size)
-    order = list(strategy.hybrid_configs["order"])
-    missing = [a for a in degrees if a not in order]
-    for axis in missing:
-        if degrees[axis] > 1:
-            raise ValueError(f"hybrid_configs['order'] = {order} leaves out {axis!r} whose degree is {degrees[axis]}; "
-                             "list every axis with a degree above 1")
-    order = missing + order  # axes of degree 1 left out of the order: outermost (they change no rank's place)
-    topo = CommunicateTopology([AXIS_OF[a] for a in order], [degrees[a] for a in order])
-    return HybridCommunicateGroup(topo, device_type=device_type)
+def hcg_of(plan: ParallelPlan) -> HybridCommunicateGroup:
+    """Paddle's view of ``plan`` (built here if it is not yet: collective), the same object every call."""
+    plan.build()
+    return plan._view if plan._view is not None else HybridCommunicateGroup._of(plan)
 
 
 def get_hybrid_communicate_group() -> HybridCommunicateGroup | None:
-    """The last HybridCommunicateGroup built in this process (None before ``fleet.init``)."""
-    return _HYBRID_PARALLEL_GROUP
+    """The HybridCommunicateGroup of the plan fleet holds (None before one is built: ``fleet.init`` builds it for
+    hybrid strategies, ``fleet.get_hybrid_communicate_group()`` otherwise, or ``HybridCommunicateGroup(topo)``)."""
+    plan = context.state.plan
+    return plan._view if plan is not None else None
 
 
-def _reset() -> None:
-    global _HYBRID_PARALLEL_GROUP
-    _HYBRID_PARALLEL_GROUP = None
+def __getattr__(name: str) -> Any:
+    if name == "_HYBRID_PARALLEL_GROUP":  # Paddle's module-level singleton, read from fleet's one plan
+        return get_hybrid_communicate_group()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

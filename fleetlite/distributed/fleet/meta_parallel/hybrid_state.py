@@ -44,8 +44,9 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from .. import context
 from .mp_layers import is_split
-from .sharded_state import _local, _mesh_of, _torch_optimizer, sharded_state_dict
+from .sharded_state import _local, _mesh_of, _torch_optimizer, full_tensor_view, sharded_state_dict
 
 __all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
            "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state", "full_optimizer_state",
@@ -75,13 +76,20 @@ def _mp(param: torch.Tensor) -> tuple[int, int]:
     return td.get_world_size(param.mp_group), td.get_rank(param.mp_group)
 
 
+def _unsharded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole on this rank: a stage-3 shard (a DTensor: Note [stage 3 beside mp]) gathered over its
+    data mesh (collective), any other tensor as it is."""
+    return t.full_tensor().detach() if hasattr(t, "full_tensor") else t.detach()
+
+
 @torch.no_grad()
 def _gather_slice(t: torch.Tensor) -> torch.Tensor:
     n, _ = _mp(t)
+    local = _unsharded(t)
     if n == 1:
-        return t.detach()
-    parts = [torch.empty_like(t) for _ in range(n)]
-    td.all_gather(parts, t.detach().contiguous(), group=t.mp_group)
+        return local
+    parts = [torch.empty_like(local) for _ in range(n)]
+    td.all_gather(parts, local.contiguous(), group=t.mp_group)
     return torch.cat(parts, dim=t.split_axis)
 
 
@@ -95,7 +103,7 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any =
     """
     own = module.state_dict(keep_vars=True)
     out = {k: _gather_slice(v) if isinstance(v, torch.Tensor) and is_split(v) else
-           (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
+           (_unsharded(v) if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
     if _pipeline(module) is not None and pp_group is not None and td.get_world_size(pp_group) > 1:
         stages: list[Any] = [None] * td.get_world_size(pp_group)
         td.all_gather_object(stages, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()},
@@ -150,6 +158,11 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], stric
                                    f"{tuple(target.shape)} is 1/{n} of it along axis {target.split_axis}; pass the "
                                    "full (single-process) state")
             value = value.chunk(n, dim=target.split_axis)[r]
+        if hasattr(target, "device_mesh") and isinstance(value, torch.Tensor) and not hasattr(value, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor  # a stage-3 shard: this rank's part, no message
+
+            value = distribute_tensor(value.to(target.device), target.device_mesh, target.placements,
+                                      src_data_rank=None)
         mine[key] = value
     return module.load_state_dict(mine, strict=strict)
 
@@ -320,6 +333,8 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
         p = params.get(fqn)
         if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
             return value
+        if isinstance(value, DTensor):  # stage 3 beside mp: a piece of the full state (Note [stage 3 beside mp])
+            return full_tensor_view(p, value)
         return DTensor.from_local(_local(value), _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
                                   run_check=False)
 
@@ -348,6 +363,23 @@ def _to_local(value: Any) -> Any:
     return value
 
 
+def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
+    """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
+    DTensor: Note [stage 3 beside mp]): there a DTensor laid out like the parameter."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(module.named_parameters())
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        p = params.get(_param_of(key))
+        if isinstance(value, DTensor) and isinstance(p, DTensor):
+            out[key] = value if value.device_mesh is p.device_mesh else DTensor.from_local(
+                value.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        else:
+            out[key] = _to_local(value)
+    return out
+
+
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
     """Put a :func:`dcp_state` that ``dcp.load`` filled back into ``module`` (and ``optimizer`` unless None).
 
@@ -364,7 +396,7 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
     if optimizer is None or "optim" not in state:
         return
     if flat:
-        load_flat_optimizer_state(module, optimizer, _to_local(state["optim"]))
+        load_flat_optimizer_state(module, optimizer, _in_param_layout(module, state["optim"]))
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
@@ -372,15 +404,15 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:
-    """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model), from its slices'
-    mp group and its pipeline's stages; dp is the rest of the world.
+    """``{"dp", "mp", "pp"}`` of the run holding ``module`` (this rank's part of a hybrid model): the parallel
+    plan's, sharding and sep folded into dp (``ParallelPlan.checkpoint_degrees``).
 
     Example::
 
         degrees_of(stage)          # {"dp": 2, "mp": 2, "pp": 2} on 8 ranks
     """
-    mp = max((_mp(p)[0] for p in module.parameters() if is_split(p)), default=1)
-    pipe = _pipeline(module)
-    pp = pipe.get_num_stages() if pipe is not None else 1
-    world = td.get_world_size() if td.is_initialized() else 1
-    return {"dp": max(world // (mp * pp), 1), "mp": mp, "pp": pp}
+    plan = context.state.plan
+    if plan is None:
+        raise RuntimeError("degrees_of needs the parallel plan of fleet.init(); a hybrid model is built after "
+                           "fleet.init(is_collective=True, strategy=s), call it first")
+    return plan.checkpoint_degrees

@@ -58,21 +58,8 @@ def _mp_group(mp_group: Any, what: str) -> Any:
     if context.state.strategy is None:
         raise RuntimeError(f"{what} was built before fleet.init(); call fleet.init(is_collective=True, strategy=s) "
                            "with s.hybrid_configs['mp_degree'] first, then build the model")
-    if context.state.hcg is None:  # a data-parallel strategy: its (trivial) mp group, built now (collective)
-        context.state.hcg = topology.from_strategy(context.state.strategy, _world_size(), _device_type())
-    return context.state.hcg.get_model_parallel_group()
-
-
-def _world_size() -> int:
-    import torch.distributed as tdist
-
-    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-
-
-def _device_type() -> str:
-    from ...collective import ParallelEnv
-
-    return ParallelEnv().device.type
+    # a data-parallel strategy's plan is built now, for its (trivial) mp group (collective)
+    return topology.hcg_of(context.state.plan).get_model_parallel_group()
 
 
 def _check_divisible(what: str, name: str, size: int, n: int) -> None:

@@ -22,17 +22,49 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import context
 from .mp_layers import is_split
 
 __all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
            "load_sharded_optimizer_state_dict"]
 
 
+#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
+MESH_2D_ATTR = "stage3_data_mp_mesh"
+
+
+def full_tensor_view(param: torch.Tensor, shard: torch.Tensor | None = None) -> torch.Tensor:
+    """A stage-3 slice's shard as a ``DTensor`` of the *full* tensor on the (data × sharding, mp) mesh, sharing
+    its storage: the slice is a ``Shard(split_axis)`` over mp, FSDP2's part of it a dim-0 chunk over data ×
+    sharding (``_StridedShard`` when both are dim 0, as FSDP2 lays out its own 2-D parameters). DCP saves it with
+    its offsets in the full tensor, so the checkpoint loads into one process or another layout. ``shard``: a
+    tensor laid out like the parameter (its optimizer state, a DTensor on the same mesh) instead of it."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = getattr(param, MESH_2D_ATTR)
+    axis, mp = param.split_axis, mesh.size(1)
+    placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
+    local = (param if shard is None else shard).to_local().detach()
+    shape = list(param.shape)  # the slice's (FSDP2's global shape), times mp along split_axis: the full tensor's
+    shape[axis] *= mp
+    full = torch.Size(shape)
+    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False,
+                              shape=full, stride=torch.empty(full, device="meta").stride())
+
+
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
+    """The 1-D mesh of a slice's mp group: the parallel plan's ``mp`` dimension when the group is the plan's (one
+    mesh for the run), else a mesh over the group given by hand (``mp_group=`` of a layer)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     if id(group) not in cache:
-        cache[id(group)] = DeviceMesh.from_group(group, device_type)
+        plan = context.state.plan
+        if plan is not None and plan.built and plan.mesh is not None and plan.mesh.device_type == device_type \
+                and plan.group("mp") is group:
+            cache[id(group)] = plan.submesh("mp")
+        else:
+            cache[id(group)] = DeviceMesh.from_group(group, device_type)
     return cache[id(group)]
 
 
@@ -58,7 +90,9 @@ def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
     meshes: dict[int, Any] = {}
     out: dict[str, Any] = {}
     for key, value in model.state_dict(keep_vars=True).items():
-        if isinstance(value, torch.Tensor) and is_split(value):
+        if isinstance(value, DTensor) and is_split(value):  # a stage-3 shard of a slice
+            out[key] = full_tensor_view(value)
+        elif isinstance(value, torch.Tensor) and is_split(value):
             mesh = _mesh_of(value.mp_group, meshes, value.device.type)
             out[key] = DTensor.from_local(_local(value), mesh, [Shard(value.split_axis)], run_check=False)
         else:
@@ -79,6 +113,8 @@ def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
         for key, target in own.items():
             value = state[key]
             local = value.to_local() if isinstance(value, DTensor) else value
+            if isinstance(target, DTensor):  # a stage-3 shard: this rank's part (Note [stage 3 beside mp])
+                target = target.to_local()
             if isinstance(target, torch.Tensor) and local.data_ptr() != target.data_ptr():
                 target.copy_(local)
 

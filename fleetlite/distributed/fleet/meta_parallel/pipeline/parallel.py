@@ -1,17 +1,29 @@
 """Paddle's ``PipelineParallel`` on ``torch.distributed.pipelining``: ``train_batch`` and ``eval_batch``.
 
-One :class:`~torch.distributed.pipelining.PipelineStage` per rank (its
-:class:`~.layers.PipelineLayer`), driven by ``Schedule1F1B`` (Paddle's
-default) or ``ScheduleGPipe`` (Paddle's ``FThenB``). A batch is cut into
-``accumulate_steps`` micro-batches of ``micro_batch_size`` rows
+One :class:`~torch.distributed.pipelining.PipelineStage` per model chunk
+(the :class:`~.layers.PipelineLayer` itself, or each of its interleaved
+chunks), driven by the schedule of Note [pipeline schedules]. A batch is cut
+into ``accumulate_steps`` micro-batches of ``micro_batch_size`` rows
 (``strategy.pipeline_configs``) by us, so inputs and labels may be tensors or
 tuples of tensors (Paddle allows ``[(x1, x2), (y,)]``; torch's schedules
-split only tensors): the loss function gets each micro-batch's labels in the
-structure the user gave (Note [label micro-batches]).
+split only tensors), or already micro-batches: a list of ``accumulate_steps``
+entries (Paddle's list form). The loss functions get each micro-batch's
+labels in the structure the user gave (Note [label micro-batches]).
 
-Note [pipeline gradients]: torch's schedule divides the gradients by the
-number of micro-batches (Paddle divides each micro-batch's loss by
-``accumulate_steps``: the same mean). After the schedule, shared weights'
+Note [pipeline schedules]
+``schedule_mode`` (Paddle's names) picks torch's schedule once, at
+construction: one chunk per stage runs ``Schedule1F1B`` ("1F1B", the
+default) or ``ScheduleGPipe`` ("FThenB"/"F-then-B"); with fewer
+micro-batches than stages (``accumulate_steps=1`` on pp2, which Paddle's 1F1B
+runs as all forwards then all backwards) "1F1B" runs ``ScheduleGPipe``, which
+computes the same gradients. Interleaved chunks
+(``num_virtual_pipeline_stages > 1``) run ``ScheduleInterleaved1F1B``
+("1F1B" or "VPP") or ``ScheduleLoopedBFS`` ("FThenB").
+
+Note [pipeline gradients]: the gradients are divided by the number of
+micro-batches after the schedule (Paddle divides each micro-batch's loss by
+``accumulate_steps``: the same mean; by us, not by torch's stages, which
+would divide a layer shared by two chunks of one rank twice). Then shared weights'
 gradients are summed over the stages that share them, then every gradient is
 averaged over the data-parallel group, then the optimizer steps. The
 returned loss is the mean over micro-batches, broadcast from the last stage
@@ -31,30 +43,15 @@ from typing import Any
 import torch
 import torch.distributed as td
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage
 
 from .....parallel.wrapped import WrappedModel
 from ..hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .layers import PipelineLayer
+from .schedules import schedule_class as _schedule_class
+from .schedules import split_micro_batches as _split
 
 __all__ = ["PipelineParallel"]
-
-_SCHEDULES = {"1F1B": Schedule1F1B, "FThenB": ScheduleGPipe, "F-then-B": ScheduleGPipe}
-
-
-def _split(value: Any, n: int, size: int, what: str) -> list[Any]:
-    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple/list of tensors; other values repeat."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.shape[0] != n * size:
-            raise ValueError(f"the {what} batch has {value.shape[0] if value.dim() else 0} rows but the pipeline "
-                             f"expects accumulate_steps * micro_batch_size = {n} * {size} = {n * size}; change "
-                             "the batch size or strategy.pipeline_configs")
-        return list(value.split(size))
-    if isinstance(value, (tuple, list)):
-        parts = [_split(v, n, size, what) for v in value]
-        return [type(value)(p[i] for p in parts) for i in range(n)]
-    return [value] * n
-
 
 def _group_ranks(group: Any) -> list[int]:
     return td.get_process_group_ranks(group) if group is not None else list(range(td.get_world_size()))
@@ -67,9 +64,12 @@ class PipelineParallel(WrappedModel):
     ``None`` lays the ranks out as the layer's topology or Paddle's default
     (Note [pipeline rank layout]). ``strategy``: a ``DistributedStrategy``
     (``pipeline_configs``: ``accumulate_steps``, ``micro_batch_size``,
-    ``schedule_mode`` "1F1B" or "FThenB"/"F-then-B"), or pass
-    ``accumulate_steps`` / ``micro_batch_size`` / ``schedule`` directly.
+    ``schedule_mode`` "1F1B", "FThenB"/"F-then-B" or "VPP": Note [pipeline
+    schedules]), or pass ``accumulate_steps`` / ``micro_batch_size`` /
+    ``schedule`` directly.
     """
+
+    step_runner = "pipeline"  # the Trainer's steps run through train_batch / eval_batch (Note [step runners])
 
     def __init__(self, layers: PipelineLayer, hcg: Any = None, strategy: Any = None, *,
                  accumulate_steps: int | None = None, micro_batch_size: int | None = None,
@@ -85,9 +85,8 @@ class PipelineParallel(WrappedModel):
         self.accumulate_steps = int(accumulate_steps or cfg.get("accumulate_steps", 1))
         self.micro_batch_size = int(micro_batch_size or cfg.get("micro_batch_size", 1))
         mode = schedule or cfg.get("schedule_mode", None) or "1F1B"
-        if mode not in _SCHEDULES:
-            raise ValueError(f"pipeline schedule_mode {mode!r} is not supported (VPP needs virtual stages); use "
-                             f"one of {sorted(_SCHEDULES)}")
+        schedule_class = _schedule_class(mode, self.accumulate_steps, layers.get_num_stages(),
+                                         layers.get_num_virtual_stages())
         self.schedule_mode = mode
         self._layers = layers
         self._hcg = hcg
@@ -98,14 +97,23 @@ class PipelineParallel(WrappedModel):
         self.pp_group, self.dp_group = self._groups(hcg, layers)
         self._last_rank = _group_ranks(self.pp_group)[-1]
         device = next((p.device for p in layers.parameters()), torch.device("cpu"))
-        self._stage = PipelineStage(layers, self.stage_id, self.num_stages, device, group=self.pp_group)
+        chunks = layers.get_model_chunks()
+        if chunks is None:
+            self._stages = [PipelineStage(layers, self.stage_id, self.num_stages, device, group=self.pp_group)]
+        else:  # chunk i of this rank is stage stage_id + i * pp of pp * v (Note [virtual pipeline stages])
+            total = self.num_stages * len(chunks)
+            self._stages = [PipelineStage(c, self.stage_id + i * self.num_stages, total, device, group=self.pp_group)
+                            for i, c in enumerate(chunks)]
+        self._stage = self._stages[0]
+        # Note [one schedule per stage]; gradients divided by us (Note [pipeline gradients])
+        self._schedule_obj = self._make_schedule(schedule_class)
         self._broadcast_dp_replicas()
         #: sharding stage 2: gradients reduced to their owners, freed elsewhere (Note [hybrid sharding stage 2])
         self.sharded_grads = ShardedGradients(layers.parameters(), hcg) if wants_sharded_gradients(hcg, strategy) \
             else None
-        self._schedules: dict[str, Any] = {}
-        self._label_mbs: list[Any] = []
-        self._mb_losses: dict[int, torch.Tensor] = {}  # unscaled, by micro-batch
+        self._label_mbs: list[Any] | None = []
+        self._mb_losses: dict[int, torch.Tensor] = {}  # unscaled, by micro-batch: one value per loss function
+        self.loss_fn_idx = 0  # Paddle's: the loss function train_batch differentiates
         self._scaler: Any = None  # the GradScaler of the train_batch in progress
 
     @staticmethod
@@ -149,19 +157,30 @@ class PipelineParallel(WrappedModel):
     # loss for training, one without for evaluation) each believe the stage is still set up as they left it. So
     # there is ONE schedule, with the loss function: training runs ``step``, every evaluation ``eval`` (forward
     # only), and an evaluation without labels gets a zero loss per micro-batch that nothing reads.
-    def _schedule(self) -> Any:
-        if self.schedule_mode not in self._schedules:
-            self._schedules[self.schedule_mode] = _SCHEDULES[self.schedule_mode](
-                self._stage, self.accumulate_steps, loss_fn=self._micro_loss, scale_grads=True)
-        return self._schedules[self.schedule_mode]
+    def _make_schedule(self, schedule_class: type) -> Any:
+        n = self.accumulate_steps
+        stages = self._stages if len(self._stages) > 1 else self._stages[0]
+        try:
+            return schedule_class(stages, n, loss_fn=self._micro_loss, scale_grads=False)
+        except ValueError as e:  # torch's own condition (e.g. the interleaved rounds), said once, with the fix
+            raise ValueError(f"accumulate_steps={n} does not fit the {self.schedule_mode} schedule over "
+                             f"{self.num_stages} stages ({' '.join(str(e).split())}); change accumulate_steps "
+                             "(e.g. a multiple of the pp degree)") from None
+
+    def _loss_fns(self) -> list[Any]:
+        fn = self._layers._loss_fn
+        return list(fn) if isinstance(fn, (list, tuple)) else [fn]
 
     def _micro_loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
-        """The user's ``loss_fn(output, labels)`` for micro-batch ``index`` (Note [label micro-batches]); a zero
-        nothing reads in an evaluation without labels (Note [one schedule per stage])."""
+        """Every loss function on micro-batch ``index`` (Note [label micro-batches]), recorded; the one at
+        ``loss_fn_idx`` is differentiated (Paddle's). A zero nothing reads in an evaluation without labels
+        (Note [one schedule per stage])."""
         if self._label_mbs is None:
             return torch.zeros((), device=self._stage.device)
-        loss = self._layers._loss_fn(output, self._label_mbs[int(index)])
-        self._mb_losses[int(index)] = loss.detach()
+        labels = self._label_mbs[int(index)]
+        losses = [fn(output, labels) for fn in self._loss_fns()]
+        self._mb_losses[int(index)] = torch.stack([v.detach().float().reshape(()) for v in losses])
+        loss = losses[self.loss_fn_idx]
         return self._scaler.scale(loss) if self._scaler is not None else loss
 
     @property
@@ -181,6 +200,7 @@ class PipelineParallel(WrappedModel):
         return self._layers.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _run(self, data: Sequence[Any], train: bool, compute_loss: bool) -> tuple[torch.Tensor | None, Any]:
+        """Run the schedule; the loss table ``(loss functions, micro-batches)`` on every stage, and the output."""
         if not isinstance(data, (tuple, list)) or len(data) != 2:
             raise ValueError("train_batch/eval_batch take data=[inputs, labels] (inputs and labels each a tensor "
                              "or a tuple of tensors)")
@@ -201,18 +221,42 @@ class PipelineParallel(WrappedModel):
             # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
             self._label_mbs = label_mbs if compute_loss else None
             kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
-        schedule = self._schedule()
+        schedule = self._schedule_obj
         out = schedule.step(**kw) if train else schedule.eval(**kw)
+        if train:
+            self._scale_gradients()
         if not compute_loss:
             return None, out
-        loss = torch.stack([self._mb_losses[i].float() for i in range(n)]).mean() if self._mb_losses else None
-        return self._broadcast_final_loss(loss), out
+        table = torch.stack([self._mb_losses[i] for i in range(n)], dim=1) if self._mb_losses else None
+        return self._broadcast_final_loss(table), out
 
-    def _broadcast_final_loss(self, loss: torch.Tensor | None) -> torch.Tensor:
-        if loss is None:
-            loss = torch.zeros((), device=self._stage.device)
-        td.broadcast(loss, src=self._last_rank, group=self.pp_group)
-        return loss
+    @torch.no_grad()
+    def _scale_gradients(self) -> None:
+        """Note [pipeline gradients]: the mean over micro-batches, each parameter once."""
+        if self.accumulate_steps > 1:
+            for p in self._layers.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.accumulate_steps)
+
+    def _broadcast_final_loss(self, table: torch.Tensor | None) -> torch.Tensor:
+        """The last stage's loss table, ``(loss functions, micro-batches)`` float32, on every stage of the pipe."""
+        if table is None:
+            table = torch.zeros((len(self._loss_fns()), self.accumulate_steps), device=self._stage.device)
+        td.broadcast(table, src=self._last_rank, group=self.pp_group)
+        return table
+
+    def _losses(self, table: torch.Tensor, micro: bool) -> Any:
+        """Paddle's return: per loss function the mean over micro-batches, or (``micro``) each micro-batch's loss
+        divided by ``accumulate_steps`` (Paddle scales them so; they sum to the mean); one alone, else a list."""
+        per = (table / self.accumulate_steps if self.accumulate_steps > 1 else table) if micro else table.mean(dim=1)
+        return per[0] if per.shape[0] == 1 else list(per)
+
+    def _use_loss_fn(self, loss_fn_idx: int) -> None:
+        fns = self._loss_fns()
+        if not (isinstance(loss_fn_idx, int) and 0 <= loss_fn_idx < len(fns) and fns[loss_fn_idx] is not None):
+            raise ValueError(f"loss_fn_idx={loss_fn_idx!r} names no loss function: the PipelineLayer has "
+                             f"{len(fns)} (loss_fn=[...]); give an index below {len(fns)}")
+        self.loss_fn_idx = loss_fn_idx
 
     @torch.no_grad()
     def _reduce_gradients(self) -> None:
@@ -229,16 +273,21 @@ class PipelineParallel(WrappedModel):
             average_gradients([p for p in self._layers.parameters() if p.requires_grad], self.dp_group)
 
     def train_batch(self, data: Sequence[Any], optimizer: torch.optim.Optimizer, lr_scheduler: Any = None,
-                    scaler: Any = None) -> torch.Tensor:
+                    scaler: Any = None, loss_fn_idx: int = 0, return_micro_batch_loss: bool = False) -> Any:
         """One optimizer step over ``accumulate_steps`` micro-batches of ``data = [inputs, labels]``.
 
-        Returns the mean loss over the micro-batches, the same tensor on every stage. ``optimizer._grad_clip``
+        Returns the mean loss over the micro-batches, the same tensor on every stage; with several loss
+        functions (``PipelineLayer(loss_fn=[...])``) a list, one per function, of which ``loss_fn_idx`` is the
+        one trained; ``return_micro_batch_loss=True``: each micro-batch's loss instead (Paddle's: divided by
+        ``accumulate_steps``). ``optimizer._grad_clip``
         (Paddle's ``grad_clip=``) is applied after the gradient reductions, the global norm across all stages.
         With ``scaler`` (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank),
         the last stage scales each micro-batch's loss and every stage steps through ``scaler.step`` /
         ``scaler.update``. Under strategy ``amp`` with float16 a ``fleet.distributed_optimizer`` brings its own
         scaler (pass none): Note [pipeline strategies].
         """
+        if self._layers._loss_fn is not None:
+            self._use_loss_fn(loss_fn_idx)
         scaler, amp = self._check_scaler(scaler, optimizer)
         self.train()
         if scaler is not None:
@@ -246,7 +295,7 @@ class PipelineParallel(WrappedModel):
             (amp or scaler).scale(torch.ones((), device=self._stage.device))
         self._scaler = scaler
         try:
-            loss, _ = self._run(data, train=True, compute_loss=True)
+            table, _ = self._run(data, train=True, compute_loss=True)
         finally:
             self._scaler = None
         self._reduce_gradients()
@@ -264,7 +313,7 @@ class PipelineParallel(WrappedModel):
         optimizer.zero_grad()
         if lr_scheduler is not None:
             lr_scheduler.step()
-        return loss
+        return self._losses(table, return_micro_batch_loss)
 
     @torch.no_grad()
     def _clip_gradients(self, clip: Any) -> None:
@@ -308,12 +357,15 @@ class PipelineParallel(WrappedModel):
         return scaler, None
 
     @torch.no_grad()
-    def eval_batch(self, data: Sequence[Any], compute_loss: bool = False) -> Any:
-        """Forward only. ``compute_loss=True``: the mean loss on every stage; else the last stage's outputs
-        (the micro-batches' outputs concatenated; ``None`` on other stages)."""
+    def eval_batch(self, data: Sequence[Any], compute_loss: bool = False, loss_fn_idx: int = 0) -> Any:
+        """Forward only. ``compute_loss=True``: the mean loss on every stage (a list with several loss
+        functions); else the last stage's outputs (the micro-batches' outputs concatenated; ``None`` on other
+        stages)."""
+        if compute_loss and self._layers._loss_fn is not None:
+            self._use_loss_fn(loss_fn_idx)
         self.eval()
-        loss, out = self._run(data, train=False, compute_loss=compute_loss)
-        return loss if compute_loss else out
+        table, out = self._run(data, train=False, compute_loss=compute_loss)
+        return self._losses(table, False) if compute_loss else out
 
     # -- the WrappedModel protocol's full weights (Note [hybrid full state]) --------------------------------------
     @property

@@ -1,0 +1,191 @@
+"""Sharding stage 3 (FSDP2) beside tensor parallelism: parameters, gradients and optimizer state sharded over the
+ranks that hold the same tensor-parallel slices and read different data.
+
+# Note [stage 3 beside mp]
+torchtitan's 2-D composition (``apply_fsdp`` on the data mesh after tensor parallelism) on fleetlite's
+tensor-parallel layers: the layers keep their local slices and Paddle's view of them (Note [tensor-parallel
+parameters]), and FSDP2's ``fully_shard`` is applied to the model over a 1-D mesh of the data × sharding ranks
+(:func:`data_mesh`: the ranks with the same mp rank, the same parameters, and other data). To FSDP2 each slice
+is a whole tensor, which it shards along dim 0 over that mesh; the mp collectives stay in the layers' forward
+and backward, which run on the unsharded slices FSDP2 all-gathers for them. FSDP2 reduce-scatters the
+gradients averaged over data × sharding (the engine's all-reduce is not used for this model), so a rank holds
+1/(dp × sharding) of its slices' parameters, gradients and optimizer state: mp2 × sharding2 on 4 ranks holds a
+quarter of the model per rank, where mp2 × dp2 holds a half.
+
+The sharded parameters are ``DTensor`` s on the data mesh; each keeps its slice's tags (``split_axis``,
+``mp_group``), so the full state (Note [hybrid full state]) gathers a parameter over the data mesh and then
+over mp, and the global norm (:func:`global_norm_stage3`) counts every element of the full model once: a
+rank's shards of slices are distinct from every other rank's, a replicated parameter's shards are the same on
+every mp rank (counted on mp rank 0 only), so one sum over the world is the whole model's. Before sharding, the
+replicated parameters are broadcast over mp (as ``TensorParallel`` does) and every parameter and buffer over
+data × sharding (as the data-parallel engine does), so the ranks start from the same model.
+
+Example::
+
+    strategy.hybrid_configs = {"mp_degree": 2, "sharding_degree": 2}
+    strategy.sharding, strategy.sharding_configs = True, {"stage": 3}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(TPModel())       # a HybridStage3: FSDP2 over dp x sharding, slices over mp
+    opt = fleet.distributed_optimizer(torch.optim.AdamW(model.parameters()))
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from ....parallel.comm import broadcast_coalesced
+from ....parallel.sharded import ShardedDataParallel
+from . import hybrid_state
+from .mp_layers import is_split
+from .sharded_state import MESH_2D_ATTR
+
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "global_norm_stage3",
+           "clip_grad_norm_stage3", "is_stage3", "STAGE3_ATTR"]
+
+#: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
+STAGE3_ATTR = "stage3_group"
+_TAGS = ("split_axis", "mp_group", "is_firstly_shared")
+
+
+def data_mesh(hcg: Any) -> Any:
+    """The 1-D ``DeviceMesh`` of this rank's data × sharding ranks (same parameters, other data), from the hcg's
+    named mesh: its ``"dp"`` or ``"sharding"`` dimension, or both flattened when both have several ranks.
+
+    Example::
+
+        mesh = data_mesh(fleet.get_hybrid_communicate_group())     # mp2 x sharding2 on 4 ranks: 2 ranks
+    """
+    mesh = hcg.mesh
+    names = mesh.mesh_dim_names
+    dims = [n for n in ("dp", "sharding") if n in names and mesh.size(names.index(n)) > 1]
+    if not dims:
+        dims = ["sharding" if "sharding" in names else "dp"]
+    if len(dims) == 1:
+        return mesh[dims[0]]
+    with warnings.catch_warnings():  # torch's notice that slicing a flattened dimension will change: still ours
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+        try:
+            return mesh["data"]  # the parallel plan's flattened dp x sharding ("data" group), when it made one
+        except (KeyError, RuntimeError, ValueError):
+            return mesh[tuple(dims)]._flatten("dp_sharding")
+
+
+def data_mp_mesh(hcg: Any) -> Any:
+    """The 2-D ``DeviceMesh`` (data × sharding, mp) of this rank, from the hcg's named mesh (see :func:`data_mesh`)."""
+    mesh, name = hcg.mesh, data_mesh(hcg).mesh_dim_names[0]  # (flattened first when dp and sharding both > 1)
+    with warnings.catch_warnings():  # torch's notice that slicing a flattened dimension will change: still ours
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+        return mesh[(name, "mp")]
+
+
+def is_stage3(params: Iterable[torch.Tensor]) -> bool:
+    """True when ``params`` are sharded by :class:`HybridStage3` (their gradients are DTensor shards)."""
+    return any(getattr(p, STAGE3_ATTR, None) is not None for p in params)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def global_norm_stage3(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
+    """The L2 norm of the full model's gradient (Note [stage 3 beside mp]): each rank's squared shards of
+    its slices, plus those of its replicated parameters on mp rank 0 only (and a pipeline's shared copies on their
+    first holder), summed over every rank (collective over the world).
+
+    Example::
+
+        norm = global_norm_stage3(model.parameters(), fleet.get_hybrid_communicate_group())
+    """
+    params = list(params)
+    device = params[0].device if params else torch.device("cpu")
+    count_replicated = hcg.get_model_parallel_rank() == 0
+    squares = [_local(p.grad).detach().float().pow(2).sum() for p in params if p.grad is not None and (
+        is_split(p) or (count_replicated and getattr(p, "is_firstly_shared", True)))]
+    total = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    tdist.all_reduce(total)
+    return total.sqrt()
+
+
+def clip_grad_norm_stage3(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
+    """Scale every gradient shard by torch's ``min(1, clip_norm / (norm + 1e-6))`` of the full model's norm;
+    returns the norm (collective)."""
+    params = list(params)
+    norm = global_norm_stage3(params, hcg)
+    coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                _local(p.grad).mul_(coef.to(p.grad.dtype))
+    return norm
+
+
+class HybridStage3(ShardedDataParallel):
+    """A tensor-parallel model sharded by FSDP2 over the data × sharding ranks (Note [stage 3 beside mp]).
+
+    ``state_dict()`` / :meth:`full_state_dict` give the single-process model's state (the slices gathered over
+    the data mesh and over mp, collective); ``load_state_dict`` / :meth:`load_full_state_dict` take it back, each
+    rank keeping its shard of its slice. ``fleet.distributed_optimizer`` rebuilds an optimizer over the shards.
+
+    Example::
+
+        model = HybridStage3(TPModel(), fleet.get_hybrid_communicate_group())
+    """
+
+    def __init__(self, layers: nn.Module, hcg: Any, param_dtype: torch.dtype | None = None,
+                 reduce_dtype: torch.dtype | None = None, wrap: Sequence[str] | None = None) -> None:
+        mp_group = hcg.get_model_parallel_group()
+        with torch.no_grad():  # one starting model: replicated parameters over mp, everything over dp x sharding
+            broadcast_coalesced([p.data for p in layers.parameters() if not is_split(p)], mp_group)
+            broadcast_coalesced([t.data for t in [*layers.parameters(), *layers.buffers()]],
+                                hcg.get_data_sharding_parallel_group())
+        tags = {n: {a: getattr(p, a) for a in _TAGS if hasattr(p, a)} for n, p in layers.named_parameters()}
+        mesh = data_mesh(hcg)
+        super().__init__(layers, stage=3, param_dtype=param_dtype, reduce_dtype=reduce_dtype, wrap=wrap, mesh=mesh)
+        self._hcg = hcg
+        group, mesh_2d = mesh.get_group(), data_mp_mesh(hcg)
+        for name, p in self._layers.named_parameters():
+            for attr, value in tags.get(name, {}).items():
+                setattr(p, attr, value)
+            setattr(p, STAGE3_ATTR, group)
+            if is_split(p):
+                setattr(p, MESH_2D_ATTR, mesh_2d)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients by the full model's global norm (each element once over data, sharding and mp)."""
+        if norm_type != 2.0:
+            raise NotImplementedError(f"clip_grad_norm_(norm_type={norm_type}) beside tensor parallelism: only the "
+                                      "L2 norm (2.0) is implemented")
+        return clip_grad_norm_stage3(self.parameters(), max_norm, self._hcg)
+
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The single-process model's state (Note [hybrid full state]): collective over data × sharding and mp."""
+        return hybrid_state.full_state_dict(self._layers, rank0_only=rank0_only)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """Load the single-process model's state (plain tensors, every rank) or this model's DTensor shards."""
+        from torch.distributed.tensor import DTensor  # ~0.5 s, on use
+
+        if any(isinstance(v, DTensor) for v in state_dict.values()):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        return hybrid_state.load_full_state_dict(self._layers, state_dict, strict=strict)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mp={self._hcg.get_model_parallel_world_size()}"
+
+
+def distributed_stage3(model: nn.Module, strategy: Any, hcg: Any) -> HybridStage3:
+    """``fleet.distributed_model``'s last step for sharding stage 3 beside mp: amp's dtype is FSDP2's parameter
+    dtype, ``fp16_allreduce``'s its reduction dtype, as for plain stage 3."""
+    from .. import amp
+
+    param_dtype = amp.DTYPES[strategy.amp_configs["dtype"]] if strategy.amp else None
+    reduce_dtype = amp.DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else (
+        torch.float32 if param_dtype is not None else None)
+    return HybridStage3(model, hcg, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                        wrap=strategy.sharding_configs["wrap"] or None)

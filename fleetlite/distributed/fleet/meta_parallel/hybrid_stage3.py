@@ -14,9 +14,8 @@ quarter of the model per rank, where mp2 × dp2 holds a half.
 
 The sharded parameters are ``DTensor`` s on the data mesh; each keeps its slice's tags (``split_axis``,
 ``mp_group``), so the full state (Note [hybrid full state]) gathers a parameter over the data mesh and then
-over mp, and the global norm (:func:`global_norm_stage3`) counts every element of the full model once: a
-rank's shards of slices are distinct from every other rank's, a replicated parameter's shards are the same on
-every mp rank (counted on mp rank 0 only), so one sum over the world is the whole model's. Before sharding, the
+over mp, and the global norm is the one gradient rule's (``gradients.global_norm``): a gradient's shard is
+added over its data mesh, a slice's sum over mp, so every element of the full model counts once. Before sharding, the
 replicated parameters are broadcast over mp (as ``TensorParallel`` does) and every parameter and buffer over
 data × sharding (as the data-parallel engine does), so the ranks start from the same model.
 
@@ -32,21 +31,20 @@ Example::
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 from torch import nn
 
 from ....parallel.comm import broadcast_coalesced
 from ....parallel.sharded import ShardedDataParallel
+from ..gradients import GradGroups, clip_by_global_norm
 from . import hybrid_state
 from .mp_layers import is_split
 from .sharded_state import MESH_2D_ATTR
 
-__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "global_norm_stage3",
-           "clip_grad_norm_stage3", "is_stage3", "STAGE3_ATTR"]
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "STAGE3_ATTR"]
 
 #: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
 STAGE3_ATTR = "stage3_group"
@@ -84,47 +82,6 @@ def data_mp_mesh(hcg: Any) -> Any:
         return mesh[(name, "mp")]
 
 
-def is_stage3(params: Iterable[torch.Tensor]) -> bool:
-    """True when ``params`` are sharded by :class:`HybridStage3` (their gradients are DTensor shards)."""
-    return any(getattr(p, STAGE3_ATTR, None) is not None for p in params)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def global_norm_stage3(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
-    """The L2 norm of the full model's gradient (Note [stage 3 beside mp]): each rank's squared shards of
-    its slices, plus those of its replicated parameters on mp rank 0 only (and a pipeline's shared copies on their
-    first holder), summed over every rank (collective over the world).
-
-    Example::
-
-        norm = global_norm_stage3(model.parameters(), fleet.get_hybrid_communicate_group())
-    """
-    params = list(params)
-    device = params[0].device if params else torch.device("cpu")
-    count_replicated = hcg.get_model_parallel_rank() == 0
-    squares = [_local(p.grad).detach().float().pow(2).sum() for p in params if p.grad is not None and (
-        is_split(p) or (count_replicated and getattr(p, "is_firstly_shared", True)))]
-    total = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
-    tdist.all_reduce(total)
-    return total.sqrt()
-
-
-def clip_grad_norm_stage3(params: Iterable[torch.Tensor], clip_norm: float, hcg: Any) -> torch.Tensor:
-    """Scale every gradient shard by torch's ``min(1, clip_norm / (norm + 1e-6))`` of the full model's norm;
-    returns the norm (collective)."""
-    params = list(params)
-    norm = global_norm_stage3(params, hcg)
-    coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                _local(p.grad).mul_(coef.to(p.grad.dtype))
-    return norm
-
-
 class HybridStage3(ShardedDataParallel):
     """A tensor-parallel model sharded by FSDP2 over the data × sharding ranks (Note [stage 3 beside mp]).
 
@@ -157,11 +114,9 @@ class HybridStage3(ShardedDataParallel):
                 setattr(p, MESH_2D_ATTR, mesh_2d)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the gradients by the full model's global norm (each element once over data, sharding and mp)."""
-        if norm_type != 2.0:
-            raise NotImplementedError(f"clip_grad_norm_(norm_type={norm_type}) beside tensor parallelism: only the "
-                                      "L2 norm (2.0) is implemented")
-        return clip_grad_norm_stage3(self.parameters(), max_norm, self._hcg)
+        """Clip the gradients by the full model's global norm (each element once over data, sharding and mp: the
+        one gradient rule)."""
+        return clip_by_global_norm(self.parameters(), max_norm, GradGroups.of(self._hcg), norm_type=norm_type)
 
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """The single-process model's state (Note [hybrid full state]): collective over data × sharding and mp."""

@@ -219,7 +219,6 @@ class StepLog(Callback):
         self.steps, self.log_freq, self.tokens_per_step = steps, log_freq, tokens_per_step
         self.flops_per_token, self.group, self.replicas, self.world_size = flops_per_token, group, replicas, world_size
         self.peak, self.device = peak, device
-        self.losses: list[float] = []
         self.first_step = 0
 
     def on_train_begin(self, logs=None):
@@ -241,7 +240,6 @@ class StepLog(Callback):
         now = time.perf_counter()
         tps = self.tokens_per_step * (s - self.last_step) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_step = now, s
-        self.losses.append(value)
         if torch.distributed.get_rank() if torch.distributed.is_initialized() else 0:
             return
         per_device = tps / self.world_size

@@ -256,7 +256,7 @@ def gpt_flops_per_token(mcfg) -> int:
     from fleetlite.trainer.flops import transformer_flops_per_token
 
     with torch.device("meta"):
-        plain = GPT(mcfg)  # built without fleet's topology: the one-process model, on no memory
+        plain = GPT(mcfg)  # called before fleet.init: the one-process (unsplit) model, on no memory
     n = sum(p.numel() for name, p in plain.named_parameters() if not name.startswith("1."))
     return transformer_flops_per_token(n, mcfg.layers, mcfg.heads, mcfg.width // mcfg.heads, mcfg.seq_len)
 
@@ -280,6 +280,8 @@ class GPTRecipe:
         from fleetlite.trainer.flops import peak_flops
 
         cfg, run, t = self.cfg, self.run, self.cfg.train
+        mcfg = GPTConfig(**OmegaConf.to_container(cfg.model), seed=cfg.seed)
+        fpt, peak = gpt_flops_per_token(mcfg), peak_flops(run.device)  # (before fleet.init: the unsplit GPT)
         strategy = build_strategy(cfg.strategy)
         fleet.init(is_collective=True, strategy=strategy)  # before the model: a PipelineLayer needs the topology
         hcg = fleet.get_hybrid_communicate_group()
@@ -297,14 +299,12 @@ class GPTRecipe:
                                                                                 data_rank))
         self.eval_data = eval_windows(ids[cut:], cfg)
         # model: weights drawn alike on any degrees (Note [gpt init] in fleetlite/text/gpt.py)
-        mcfg = GPTConfig(**OmegaConf.to_container(cfg.model), seed=cfg.seed)
         model = (PipelineLayer(gpt_pipeline_descs(mcfg), topology=hcg.topology(), loss_fn=gpt_loss) if pp > 1
                  else GPT(mcfg))
         o = cfg.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         self.trainer = GPTTrainer(model, optimizer, loss=gpt_loss, strategy=strategy, device=run.device,
                                   config=run.config)
-        fpt, peak = gpt_flops_per_token(mcfg), peak_flops(run.device)
         self.log = StepLog(t.steps, t.log_freq, t.global_batch_size * cfg.model.seq_len, fpt,
                            hcg.get_data_sharding_parallel_group(), replicas, run.world_size, peak, run.device)
         self.callbacks = [self.log]

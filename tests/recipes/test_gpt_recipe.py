@@ -62,9 +62,11 @@ def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("hybrid", ["dp2_mp2", "dp2_pp2", "mp2_pp2"])
 def test_four_rank_groups_equal_one_process(reference, tmp_path, hybrid):
-    steps, final = losses(fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=4, timeout=400))
+    proc = fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=4, timeout=400)
+    steps, final = losses(proc)
     assert steps == pytest.approx(reference[0], abs=1e-4)
     assert final == pytest.approx(reference[1], abs=1e-4)
+    assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout  # the whole model's, not a slice's
 
 
 @pytest.mark.timeout(400)
@@ -101,6 +103,16 @@ def test_float16_amp_trains_with_loss_scaling(reference, tmp_path, nproc, hybrid
     assert final == pytest.approx(reference[1], abs=1e-2)
 
 
+def one_process_flops_per_token() -> int:
+    """torchtitan's 6N + 12LHQT of the TINY GPT in one process: N its parameters but the position table (no
+    matmul; the tied token table is the output head's), 2 layers of 4 heads of 64 / 4 over 32 tokens."""
+    from fleetlite.text.gpt import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig(width=64, layers=2, heads=4, seq_len=32))
+    n = sum(p.numel() for name, p in gpt.named_parameters() if name != "1.pos")
+    return 6 * n + 12 * 2 * 4 * 16 * 32
+
+
 THROUGHPUT = re.compile(r"^step \d+/\d+ loss \d+\.\d+ \| ([\d,]+) tokens/s, ([\d,]+)/device \| (.*)$", re.M)
 
 
@@ -124,13 +136,11 @@ def test_the_log_has_tokens_per_second_and_mfu_and_the_run_dir_the_trainers_chec
     for total, per_device, mfu in lines:
         assert int(total.replace(",", "")) > 0 and total == per_device  # one process: one device
         assert mfu == "MFU n/a: peak FLOPs unknown (cpu)"
-    gpt = GPT(GPTConfig(width=64, layers=2, heads=4, seq_len=32))
-    n = sum(p.numel() for name, p in gpt.named_parameters() if name != "1.pos")
-    assert f"{6 * n + 12 * 2 * 4 * 16 * 32:,} FLOPs per token" in proc.stdout
+    assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout
     saved = tmp_path / "run" / "checkpoints" / "epoch-0000"
     state = ckpt.read(saved, REQUIRED).state
     assert state["progress"]["global_step"] == 4 and state["progress"]["epoch_finished"]
     assert ckpt.resolve("latest", saved.parent) == saved
     weights = ckpt.load_full(saved)
-    assert weights.keys() == gpt.state_dict().keys()
+    assert weights.keys() == GPT(GPTConfig(width=64, layers=2, heads=4, seq_len=32)).state_dict().keys()
     assert all(torch.isfinite(v).all() for v in weights.values())

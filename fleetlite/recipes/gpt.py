@@ -320,8 +320,8 @@ class GPTRecipe:
     def train(self) -> None:
         start = time.perf_counter()
         self.trainer.fit(self.train_data, epochs=self.epochs, batch_size=self.rows, callbacks=self.callbacks,
-                         resume=self.run.resume, save_dir=self.run.dir, num_iters=self.cfg.train.steps,
-                         shuffle=False, verbose=0, seed=self.cfg.seed)
+                         resume=self.run.resume, save_dir=self.run.dir if self.cfg.train.save_steps else None,
+                         num_iters=self.cfg.train.steps, shuffle=False, verbose=0, seed=self.cfg.seed)
         self.seconds = time.perf_counter() - start
         exit_if_preempted(self.run, self.trainer)
 

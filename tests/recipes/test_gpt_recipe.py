@@ -67,6 +67,8 @@ def test_four_rank_groups_equal_one_process(reference, tmp_path, hybrid):
     assert steps == pytest.approx(reference[0], abs=1e-4)
     assert final == pytest.approx(reference[1], abs=1e-4)
     assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout  # the whole model's, not a slice's
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if "epoch" in p.name or "latest" in p.name or
+                  "checkpoints" in p.name) == []  # no train.save_steps: no checkpoint
 
 
 @pytest.mark.timeout(400)

@@ -267,10 +267,18 @@ class GPTRecipe:
     def __init__(self, cfg: DictConfig) -> None:
         # the run: device, process group, seed, run directory (shared by all ranks), checkpoint to resume (read once)
         self.cfg, self.run = cfg, start_run(cfg)
-        done = self.run.resume.state["progress"]["global_step"] if self.run.resume is not None else 0
-        if done > cfg.train.steps:
-            raise ConfigError(f"resume={cfg.resume}: the checkpoint is at step {done}, past train.steps="
-                              f"{cfg.train.steps}; raise train.steps to continue training")
+        t, state = cfg.train, self.run.resume.state if self.run.resume is not None else None
+        if state is None:
+            return
+        if state["progress"]["global_step"] > t.steps:
+            raise ConfigError(f"resume={cfg.resume}: the checkpoint is at step {state['progress']['global_step']}, "
+                              f"past train.steps={t.steps}; raise train.steps to continue training")
+        rows, mine = (state.get("data") or {}).get("dataset_size"), (t.save_steps or t.steps) * t.global_batch_size
+        if rows is not None and rows != mine:  # Note [gpt steps]: an epoch is k steps of G rows
+            raise ConfigError(f"resume={cfg.resume}: the checkpoint's epochs are {rows} rows (train.save_steps x "
+                              f"train.global_batch_size), this run's {mine}: "
+                              "its steps would not line up; resume with the saving run's train.save_steps and "
+                              "train.global_batch_size")
 
     def setup(self) -> None:
         from fleetlite.distributed import fleet

@@ -70,6 +70,9 @@ def test_resume_mistakes_are_one_line(tmp_path):
     proc = fleetlite_run([*one, "resume=latest", "train.steps=1"], tmp_path, nproc=1)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "past train.steps=1" in errors[0], proc.stderr[-2000:]
+    proc = fleetlite_run([*one, "resume=latest", "train.save_steps=1"], tmp_path, nproc=1)  # other epochs
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "train.save_steps" in errors[0], proc.stderr[-2000:]
     proc = fleetlite_run(one, tmp_path, nproc=1)  # a fresh run over the checkpoints: refused before it starts
     assert proc.returncode == 2 and "resume" in proc.stderr, proc.stderr[-2000:]
     fresh = tmp_path / "fresh"

@@ -236,12 +236,12 @@ class StepLog(Callback):
         if self.replicas > 1:
             torch.distributed.all_reduce(loss, group=self.group)
             loss /= self.replicas
+        if torch.distributed.get_rank() if torch.distributed.is_initialized() else 0:
+            return  # (rank 0 prints: the other ranks read nothing)
         value = loss.item()
         now = time.perf_counter()
         tps = self.tokens_per_step * (s - self.last_step) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_step = now, s
-        if torch.distributed.get_rank() if torch.distributed.is_initialized() else 0:
-            return
         per_device = tps / self.world_size
         util = mfu(self.flops_per_token, per_device, self.peak)
         shown = f"MFU {100 * util:.2f}%" if util is not None else f"MFU n/a: peak FLOPs unknown ({self.device.type})"

@@ -198,7 +198,19 @@ def eval_windows(ids: torch.Tensor, cfg: DictConfig) -> tuple[torch.Tensor, torc
 
 class GPTTrainer(fleetlite.Trainer):
     """The Trainer; its train step also hands the step's own loss to the callbacks (``step_loss``: the logs'
-    ``loss`` is the epoch's running mean), a device tensor read only where :class:`StepLog` prints it."""
+    ``loss`` is the epoch's running mean), a device tensor read only where :class:`StepLog` prints it. Under
+    segment parallelism (``sep`` > 1) each rank takes its part of every sequence, inputs and targets alike
+    (Paddle's ``split_inputs_sequence_dim``)."""
+
+    sep = 1
+
+    def split_batch(self, batch: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        inputs, labels = super().split_batch(batch)
+        if self.sep > 1:
+            from fleetlite.distributed.fleet.meta_parallel import split_inputs_sequence_dim
+
+            inputs, labels = (tuple(split_inputs_sequence_dim(list(part))) for part in (inputs, labels))
+        return inputs, labels
 
     def train_step(self, batch: Any) -> dict[str, Any]:
         out = super().train_step(batch)
@@ -313,8 +325,12 @@ class GPTRecipe:
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         self.trainer = GPTTrainer(model, optimizer, loss=gpt_loss, strategy=strategy, device=run.device,
                                   config=run.config)
-        self.log = StepLog(t.steps, t.log_freq, t.global_batch_size * cfg.model.seq_len, fpt,
-                           hcg.get_data_sharding_parallel_group(), replicas, run.world_size, peak, run.device)
+        self.trainer.sep = self.sep = hcg.get_sep_parallel_world_size()
+        # the loss of a step or of the eval split: the mean over the data group, and over sep's parts of a sequence
+        loss_group = hcg.get_dp_sep_parallel_group() if self.sep > 1 else hcg.get_data_sharding_parallel_group()
+        self.log = StepLog(t.steps, t.log_freq, t.global_batch_size * cfg.model.seq_len, fpt, loss_group,
+                           replicas * self.sep, run.world_size, peak, run.device)
+        self.hcg = hcg
         self.callbacks = [self.log]
         if t.save_steps:
             self.callbacks.append(ModelCheckpoint(str(run.dir / CHECKPOINT_SUBDIR), save_freq=1, sharded=True,
@@ -335,6 +351,10 @@ class GPTRecipe:
 
     def cleanup(self) -> float:
         final = self.trainer.evaluate(self.eval_data, batch_size=self.rows, verbose=0)["loss"]
+        if self.sep > 1:  # evaluate averages over the data group; each sep rank holds its part's (equal tokens)
+            part = torch.tensor(float(final), dtype=torch.float64)
+            torch.distributed.all_reduce(part, group=self.hcg.get_sep_parallel_group())
+            final = float(part) / self.sep
         if self.run.is_main:
             # the composed config, resolved, beside the checkpoints: what rebuilds the model for their weights
             # (fleetlite.checkpoint.load_full) without Hydra; .hydra/ holds Hydra's own copy

@@ -129,6 +129,10 @@ def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
                             "holds whole heads; choose heads that mp_degree divides")
     need(m.vocab_size % mp == 0 and m.vocab_size >= 256, f"model.vocab_size={m.vocab_size} must be >= 256 (bytes) "
                                                          f"and divisible by mp_degree {mp}")
+    sep = deg.get("sep", 1)
+    need(m.seq_len % sep == 0 and m.heads % (mp * sep) == 0,
+         f"sep_degree {sep}: model.seq_len={m.seq_len} and model.heads={m.heads} / mp_degree {mp} must divide by it "
+         "(each segment-parallel rank holds a part of every sequence, then a part of the heads)")
     need(pp <= m.layers + 3, f"pp_degree {pp} exceeds the {m.layers + 3} pipeline layers; use fewer stages")
     need(optim_ok(cfg.optim), f"optim: lr={cfg.optim.lr} must be > 0, betas two numbers in [0, 1), weight_decay >= 0")
     g = t.global_batch_size

@@ -74,9 +74,10 @@ def start_run(cfg: DictConfig) -> Run:
 
     device = resolve_device(cfg.device.value)  # device=cuda without CUDA: fail before starting anything
     init_process_group(cfg.device.value)  # the connector's: under a launcher recipe.job already started it
-    speed = apply_speed_flags(cfg.trainer, device)
-    with open_dict(cfg):  # what was applied goes into the run's recorded config
-        cfg.trainer.cudnn_benchmark, cfg.trainer.allow_tf32 = speed["cudnn_benchmark"], speed["allow_tf32"]
+    if "trainer" in cfg:  # the speed flags of a recipe with a trainer group (cifar10's; gpt has none)
+        speed = apply_speed_flags(cfg.trainer, device)
+        with open_dict(cfg):  # what was applied goes into the run's recorded config
+            cfg.trainer.cudnn_benchmark, cfg.trainer.allow_tf32 = speed["cudnn_benchmark"], speed["allow_tf32"]
     torch.manual_seed(int(cfg.seed))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     answer: dict[str, Any] = {}

@@ -6,6 +6,18 @@ convolutions ``out.numel() * (in_channels / groups * prod(kernel) + bias)``, lin
 average pooling ``out.numel()`` (adaptive: ``(prod(in_size // out_size) + 1) * out.numel()``), and zero for
 ReLU, ReLU6 and Dropout. Other layers count 0 unless ``custom_ops`` gives a function ``fn(module, inputs,
 output)`` that adds to ``module.total_ops``.
+
+# Note [MFU]
+Throughput as torchtitan reports it (``torchtitan/train.py``, ``components/metrics.py``): a transformer's
+training FLOPs per token are ``6 * N + 12 * L * H * Q * T`` (:func:`transformer_flops_per_token`: N the
+parameters that enter a matmul, counted once (a tied token table is the output head's matmul; a learned
+position table is not), L layers, H heads of width Q, sequence length T: forward and backward of every weight
+matmul, plus attention's two matmuls per layer, causal sparsity not subtracted, recomputation not counted).
+Tokens per second per device are the global tokens per second over the world size (torchtitan divides each
+data-parallel replica's tokens by the non-data-parallel degree: the same number); MFU is ``flops_per_token *
+tokens_per_s_per_device / peak``, the peak being the device's dense bf16 one (:func:`peak_flops`, torchtitan's
+``get_peak_flops`` table). A CPU, or a GPU not in the table, has no known peak: ``peak_flops`` returns None and
+the MFU is not reported (torchtitan falls back to the A100's; a made-up peak gives a made-up MFU).
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["flops"]
+__all__ = ["flops", "peak_flops", "transformer_flops_per_token", "mfu"]
 
 
 def _numel(x: Any) -> int:
@@ -101,3 +113,49 @@ def flops(net: nn.Module, input_size: list[int], custom_ops: dict[type, Callable
             print(f"{r[0]:<30} {r[1]:<20} {r[2]:>14,} {r[3]:>12,}")
     print(f"Total Flops: {total}     Total Params: {sum(r[3] for r in rows)}")
     return total
+
+
+# dense bf16 peaks per device name, torchtitan's get_peak_flops (torchtitan/tools/utils.py); first match wins
+_PEAKS: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("A100",), 312e12), (("A6000",), 154.85e12),
+    (("H100", "NVL"), 835e12), (("H100", "PCIe"), 756e12), (("H100",), 989e12),
+    (("H200",), 989e12), (("H20",), 148e12),
+    (("GB200",), 2.5e15), (("GB300",), 2.5e15), (("B300",), 2.25e15), (("B200",), 2.25e15),
+    (("MI355X",), 2500e12), (("MI300X",), 1300e12), (("MI325X",), 1300e12), (("MI250X",), 191.5e12),
+    (("L40S",), 362e12),
+)
+
+
+def peak_flops(device: torch.device | str) -> float | None:
+    """The dense bf16 peak FLOPs per second of ``device``, or None when unknown (a CPU, a GPU not in the table):
+    Note [MFU].
+
+    Example::
+
+        assert fleetlite.trainer.flops.peak_flops("cpu") is None
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for words, peak in _PEAKS:
+        if all(w.lower() in name.lower() for w in words):
+            return peak
+    return None
+
+
+def transformer_flops_per_token(num_params: int, layers: int, heads: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token of a decoder-only transformer, ``6 * N + 12 * L * H * Q * T`` (Note [MFU]).
+
+    Example::
+
+        assert transformer_flops_per_token(1000, layers=2, heads=4, head_dim=8, seq_len=16) == 6000 + 12 * 1024
+    """
+    return 6 * int(num_params) + 12 * int(layers) * int(heads) * int(head_dim) * int(seq_len)
+
+
+def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation as a fraction of ``peak`` (None when the peak is unknown): Note [MFU]."""
+    if peak is None or peak <= 0:
+        return None
+    return flops_per_token * tokens_per_s_per_device / peak

@@ -1,5 +1,8 @@
 """`fleetlite run gpt` checkpoints and resumes (Note [gpt checkpoints]) on 2 ranks with hybrid=mp2 and pp2.
 
+The checkpoints are the Trainer's (``ModelCheckpoint``): with ``train.save_steps=2`` epoch e of the recipe ends
+after step 2 (e + 1), so ``checkpoints/epoch-0000`` is step 2's and ``epoch-0001`` step 4's.
+
 Reference: the uninterrupted run of the same config. A run stopped after step 2 (its checkpoint) and resumed with
 ``resume=true`` prints the same losses for steps 3-4 and the same final eval loss, and its step-4 checkpoint holds
 weights ``torch.equal`` to the uninterrupted run's. The mp2 checkpoint also resumes in one process (resharded),
@@ -18,8 +21,13 @@ from test_gpt_recipe import fleetlite_run
 import fleetlite.checkpoint as ckpt
 
 TINY = ["train.steps=4", "model.width=64", "data.num_chars=20000", "train.eval_batches=2", "train.save_steps=2"]
-STEP = re.compile(r"^step (\d+)/\d+ loss (\d+\.\d+)$", re.M)
+STEP = re.compile(r"^step (\d+)/\d+ loss (\d+\.\d+) \| ", re.M)
 FINAL = re.compile(r"^final eval loss: (\d+\.\d+)", re.M)
+
+
+def step_dir(where: Path, step: int) -> Path:
+    """The checkpoint of ``step`` in ``where/run`` (save_steps=2: the end of epoch step / 2 - 1)."""
+    return where / "run" / "checkpoints" / f"epoch-{step // 2 - 1:04d}"
 
 
 def run(args: list[str], where: Path, nproc: int) -> tuple[dict[int, str], str, str]:
@@ -38,17 +46,17 @@ def test_resume_equals_the_uninterrupted_run(tmp_path, hybrid):
     whole, whole_final, _ = run([*TINY, f"hybrid={hybrid}"], tmp_path / "whole", 2)
     assert sorted(whole) == [1, 2, 3, 4]
     first, _, out = run([*TINY, f"hybrid={hybrid}", "train.steps=2"], tmp_path / "cut", 2)
-    assert sorted(first) == [1, 2] and "checkpoints/step-00000002" in out
+    assert sorted(first) == [1, 2] and "checkpoints/epoch-0000" in out
     rest, final, out = run([*TINY, f"hybrid={hybrid}", "resume=true"], tmp_path / "cut", 2)
     assert "resuming from" in out and sorted(rest) == [3, 4]
     assert rest == {3: whole[3], 4: whole[4]} and final == whole_final
-    saved = ckpt.load_full(tmp_path / "whole" / "run" / "checkpoints" / "step-00000004")
-    resumed = ckpt.load_full(tmp_path / "cut" / "run" / "checkpoints" / "step-00000004")
+    saved = ckpt.load_full(step_dir(tmp_path / "whole", 4))
+    resumed = ckpt.load_full(step_dir(tmp_path / "cut", 4))
     assert saved.keys() == resumed.keys() and len(saved) > 10
     for k, v in saved.items():
         assert torch.equal(resumed[k], v), k
     if hybrid == "mp2":  # the mp2 checkpoint in one process: DCP reshards the slices and the AdamW moments
-        step2 = tmp_path / "cut" / "run" / "checkpoints" / "step-00000002"
+        step2 = step_dir(tmp_path / "cut", 2)
         one, one_final, _ = run([*TINY, f"resume={step2}"], tmp_path / "one", 1)
         assert sorted(one) == [3, 4]
         assert float(one[4]) == pytest.approx(float(whole[4]), abs=1e-4)
@@ -62,6 +70,9 @@ def test_resume_mistakes_are_one_line(tmp_path):
     proc = fleetlite_run([*one, "resume=latest", "train.steps=1"], tmp_path, nproc=1)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "past train.steps=1" in errors[0], proc.stderr[-2000:]
+    proc = fleetlite_run([*one, "resume=latest", "train.save_steps=1"], tmp_path, nproc=1)  # other epochs
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "train.save_steps" in errors[0], proc.stderr[-2000:]
     proc = fleetlite_run(one, tmp_path, nproc=1)  # a fresh run over the checkpoints: refused before it starts
     assert proc.returncode == 2 and "resume" in proc.stderr, proc.stderr[-2000:]
     fresh = tmp_path / "fresh"
@@ -79,7 +90,7 @@ def test_checkpoints_reshard_across_pipeline_layouts(tmp_path):
     cases = {"pp2": [(1, []), (2, ["hybrid=mp2"])], "mp2": [(2, ["hybrid=pp2"])]}
     for saved, resumes in cases.items():
         run([*TINY, f"hybrid={saved}", "train.steps=2"], tmp_path / saved, 2)
-        step2 = tmp_path / saved / "run" / "checkpoints" / "step-00000002"
+        step2 = step_dir(tmp_path / saved, 2)
         for nproc, args in resumes:
             where = tmp_path / f"{saved}-to-{nproc}-{'-'.join(a.split('=')[1] for a in args)}"
             rest, final, out = run([*TINY, *args, f"resume={step2}"], where, nproc)

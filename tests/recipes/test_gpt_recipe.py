@@ -20,8 +20,8 @@ from fleetlite.testing import timeout_scale
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["train.steps=4", "model.width=64", "data.num_chars=20000", "train.eval_batches=2"]
-STEP = re.compile(r"^step \d+/\d+ loss (\d+\.\d+)$", re.M)
-FINAL = re.compile(r"^final eval loss: (\d+\.\d+)", re.M)
+STEP = re.compile(r"^step \d+/\d+ loss (\d+\.\d+) \| ", re.M)
+FINAL = re.compile(r"^final eval loss: (\d+\.\d+)$", re.M)
 
 
 def fleetlite_run(args: list[str], tmp_path: Path, nproc: int = 1, timeout: float = 150):
@@ -39,6 +39,7 @@ def losses(proc) -> tuple[list[float], float]:
     steps = [float(v) for v in STEP.findall(proc.stdout)]
     final = FINAL.search(proc.stdout)
     assert len(steps) == 4 and final, proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1] == final.group(0)  # the last line the recipe prints
     return steps, float(final.group(1))
 
 
@@ -61,9 +62,13 @@ def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("hybrid", ["dp2_mp2", "dp2_pp2", "mp2_pp2"])
 def test_four_rank_groups_equal_one_process(reference, tmp_path, hybrid):
-    steps, final = losses(fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=4, timeout=400))
+    proc = fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=4, timeout=400)
+    steps, final = losses(proc)
     assert steps == pytest.approx(reference[0], abs=1e-4)
     assert final == pytest.approx(reference[1], abs=1e-4)
+    assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout  # the whole model's, not a slice's
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if "epoch" in p.name or "latest" in p.name or
+                  "checkpoints" in p.name) == []  # no train.save_steps: no checkpoint
 
 
 @pytest.mark.timeout(400)
@@ -98,3 +103,46 @@ def test_float16_amp_trains_with_loss_scaling(reference, tmp_path, nproc, hybrid
     steps, final = losses(proc)
     assert steps == pytest.approx(reference[0], abs=1e-2)
     assert final == pytest.approx(reference[1], abs=1e-2)
+
+
+def one_process_flops_per_token() -> int:
+    """torchtitan's 6N + 12LHQT of the TINY GPT in one process: N its parameters but the position table (no
+    matmul; the tied token table is the output head's), 2 layers of 4 heads of 64 / 4 over 32 tokens."""
+    from fleetlite.text.gpt import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig(width=64, layers=2, heads=4, seq_len=32))
+    n = sum(p.numel() for name, p in gpt.named_parameters() if name != "1.pos")
+    return 6 * n + 12 * 2 * 4 * 16 * 32
+
+
+THROUGHPUT = re.compile(r"^step \d+/\d+ loss \d+\.\d+ \| ([\d,]+) tokens/s, ([\d,]+)/device \| (.*)$", re.M)
+
+
+@pytest.mark.timeout(300)
+def test_the_log_has_tokens_per_second_and_mfu_and_the_run_dir_the_trainers_checkpoint(reference, tmp_path):
+    """torchtitan's throughput line: tokens/s (per device: over the world size) and MFU, whose peak a CPU does not
+    have (said, not made up); FLOPs per token 6N + 12LHQT of the one-process GPT (N: its matmul weights, the tied
+    token table once, the position table not). ``train.save_steps=4`` leaves the Trainer's own checkpoint: its
+    progress at step 4, the epoch ended, and the weights of the GPT's names."""
+    import torch
+
+    import fleetlite.checkpoint as ckpt
+    from fleetlite.text.gpt import GPT, GPTConfig
+    from fleetlite.trainer.checkpoint_connector import REQUIRED
+
+    proc = fleetlite_run([*TINY, "train.save_steps=4"], tmp_path)
+    steps, final = losses(proc)
+    assert steps == pytest.approx(reference[0], abs=1e-4) and final == pytest.approx(reference[1], abs=1e-4)
+    lines = THROUGHPUT.findall(proc.stdout)
+    assert len(lines) == 4, proc.stdout
+    for total, per_device, mfu in lines:
+        assert int(total.replace(",", "")) > 0 and total == per_device  # one process: one device
+        assert mfu == "MFU n/a: peak FLOPs unknown (cpu)"
+    assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout
+    saved = tmp_path / "run" / "checkpoints" / "epoch-0000"
+    state = ckpt.read(saved, REQUIRED).state
+    assert state["progress"]["global_step"] == 4 and state["progress"]["epoch_finished"]
+    assert ckpt.resolve("latest", saved.parent) == saved
+    weights = ckpt.load_full(saved)
+    assert weights.keys() == GPT(GPTConfig(width=64, layers=2, heads=4, seq_len=32)).state_dict().keys()
+    assert all(torch.isfinite(v).all() for v in weights.values())

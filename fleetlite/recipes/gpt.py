@@ -89,6 +89,11 @@ class TrainConfig:
 
 
 @dataclass
+class PipelineConfig:
+    virtual_stages: int = 1    # Paddle's PipelineLayer(num_virtual_pipeline_stages=): chunks per stage (interleaved)
+
+
+@dataclass
 class GPTRecipeConfig:
     """The GPT recipe's config (conf/gpt.yaml); ``strategy`` is a fleet.DistributedStrategy (hybrid group)."""
 
@@ -96,6 +101,7 @@ class GPTRecipeConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     seed: int = 0
     device: Device = Device.cpu
@@ -105,6 +111,7 @@ class GPTRecipeConfig:
 
 def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
     """Every value of the composed config; one :class:`ConfigError` line for the first problem."""
+    from fleetlite.distributed.fleet.plan import ParallelPlan
     from fleetlite.distributed.fleet.strategy import DistributedStrategy
 
     def need(ok: bool, message: str) -> None:
@@ -119,21 +126,24 @@ def check_gpt_config(cfg: DictConfig, world_size: int) -> None:
     try:
         strategy = DistributedStrategy.from_dict(OmegaConf.to_container(cfg.strategy, resolve=True, enum_to_str=True))
         strategy.check_supported(world_size)
-        deg = strategy.hybrid_degrees(world_size)
+        plan = ParallelPlan.from_configs(strategy.hybrid_configs, world_size, rank=0)  # the degrees: the plan's
     except (ValueError, KeyError, NotImplementedError) as e:
         raise ConfigError(f"strategy: {e.args[0] if e.args else e}") from None
-    dp, mp, pp = deg["dp"] * deg.get("sharding", 1), deg["mp"], deg["pp"]  # dp: the data group (x sharding)
+    dp, mp, pp, sep, v = plan.data_size, plan.mp, plan.pp, plan.sep, cfg.pipeline.virtual_stages  # dp: data group
     need(min(m.width, m.layers, m.heads, m.seq_len, m.vocab_size) >= 1, "model: every size must be at least 1")
     need(m.width % m.heads == 0, f"model.width={m.width} is not divisible by model.heads={m.heads}")
     need(m.heads % mp == 0, f"model.heads={m.heads} is not divisible by mp_degree {mp}: each tensor-parallel rank "
                             "holds whole heads; choose heads that mp_degree divides")
     need(m.vocab_size % mp == 0 and m.vocab_size >= 256, f"model.vocab_size={m.vocab_size} must be >= 256 (bytes) "
                                                          f"and divisible by mp_degree {mp}")
-    sep = deg.get("sep", 1)
     need(m.seq_len % sep == 0 and m.heads % (mp * sep) == 0,
          f"sep_degree {sep}: model.seq_len={m.seq_len} and model.heads={m.heads} / mp_degree {mp} must divide by it "
          "(each segment-parallel rank holds a part of every sequence, then a part of the heads)")
     need(pp <= m.layers + 3, f"pp_degree {pp} exceeds the {m.layers + 3} pipeline layers; use fewer stages")
+    need(v >= 1 and (v == 1 or pp > 1), f"pipeline.virtual_stages={v}: at least 1, and above 1 only with "
+                                        "pp_degree > 1 (chunks of a pipeline's stages)")
+    need(pp * v <= m.layers + 3, f"pp_degree {pp} x pipeline.virtual_stages {v} chunks exceed the {m.layers + 3} "
+                                 "pipeline layers; use fewer virtual stages")
     need(optim_ok(cfg.optim), f"optim: lr={cfg.optim.lr} must be > 0, betas two numbers in [0, 1), weight_decay >= 0")
     g = t.global_batch_size
     need(t.steps >= 1 and t.log_freq >= 1 and t.eval_batches >= 1, "train.steps, log_freq, eval_batches must be >= 1")
@@ -308,9 +318,8 @@ class GPTRecipe:
         fpt, peak = gpt_flops_per_token(mcfg), peak_flops(run.device)  # (before fleet.init: the unsplit GPT)
         strategy = build_strategy(cfg.strategy)
         fleet.init(is_collective=True, strategy=strategy)  # before the model: a PipelineLayer needs the topology
-        hcg = fleet.get_hybrid_communicate_group()
-        replicas, data_rank = hcg.get_data_sharding_parallel_world_size(), hcg.get_data_sharding_parallel_rank()
-        pp = hcg.get_pipe_parallel_world_size()
+        plan, hcg = fleet.get_parallel_plan(), fleet.get_hybrid_communicate_group()  # the degrees: the plan's
+        replicas, data_rank, pp = plan.data_size, plan.data_rank, plan.pp
         # data: the same corpus on every rank; its tail is the eval split; step s's batch from (seed, s)
         ids = encode(synthetic_corpus(cfg.data.num_chars, cfg.data.seed))
         cut = int(len(ids) * (1 - cfg.data.eval_fraction))
@@ -323,15 +332,15 @@ class GPTRecipe:
                                                                                 data_rank))
         self.eval_data = eval_windows(ids[cut:], cfg)
         # model: weights drawn alike on any degrees (Note [gpt init] in fleetlite/text/gpt.py)
-        model = (PipelineLayer(gpt_pipeline_descs(mcfg), topology=hcg.topology(), loss_fn=gpt_loss) if pp > 1
-                 else GPT(mcfg))
+        model = (PipelineLayer(gpt_pipeline_descs(mcfg), topology=hcg.topology(), loss_fn=gpt_loss,
+                               num_virtual_pipeline_stages=cfg.pipeline.virtual_stages) if pp > 1 else GPT(mcfg))
         o = cfg.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         self.trainer = GPTTrainer(model, optimizer, loss=gpt_loss, strategy=strategy, device=run.device,
                                   config=run.config)
-        self.trainer.sep = self.sep = hcg.get_sep_parallel_world_size()
-        # the loss of a step or of the eval split: the mean over the data group, and over sep's parts of a sequence
-        loss_group = hcg.get_dp_sep_parallel_group() if self.sep > 1 else hcg.get_data_sharding_parallel_group()
+        self.trainer.sep = self.sep = plan.sep
+        # the loss of a step or of the eval split: the mean over the data group and sep's parts of a sequence
+        loss_group = plan.group("loss")
         self.log = StepLog(t.steps, t.log_freq, t.global_batch_size * cfg.model.seq_len, fpt, loss_group,
                            replicas * self.sep, run.world_size, peak, run.device)
         self.hcg = hcg

@@ -54,7 +54,8 @@ def test_gpt_is_a_shipped_recipe_with_its_hybrid_group():
     assert "gpt" in recipe_names()
     names = config_names("gpt")
     assert names[0] == "gpt.yaml"
-    assert {f"gpt/hybrid/{o}.yaml" for o in ("none", "dp2_mp2", "pp2", "dp2_pp2", "mp2_pp2")} <= set(names)
+    assert {f"gpt/hybrid/{o}.yaml" for o in ("none", "dp2_mp2", "pp2", "dp2_pp2", "mp2_pp2", "sep2", "mp2_stage3",
+                                             "pp2_vpp2")} <= set(names)
     assert not any(n.startswith("gpt/") for n in config_names("cifar10"))  # a recipe's own groups stay its own
     assert "model/resnet18.yaml" not in names
 
@@ -69,6 +70,16 @@ def test_four_rank_groups_equal_one_process(reference, tmp_path, hybrid):
     assert f"{one_process_flops_per_token():,} FLOPs per token" in proc.stdout  # the whole model's, not a slice's
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if "epoch" in p.name or "latest" in p.name or
                   "checkpoints" in p.name) == []  # no train.save_steps: no checkpoint
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nproc, hybrid", [(2, "sep2"), (2, "pp2_vpp2"), (4, "mp2_stage3")])
+def test_segment_interleaved_and_stage3_beside_mp_groups_equal_one_process(reference, tmp_path, nproc, hybrid):
+    """The parallel plan's newer layouts: sep2 (Ulysses all-to-all around attention), two virtual stages per
+    pipeline rank (interleaved 1F1B), FSDP2 stage 3 sharding the tensor-parallel slices."""
+    steps, final = losses(fleetlite_run([*TINY, f"hybrid={hybrid}"], tmp_path, nproc=nproc, timeout=400))
+    assert steps == pytest.approx(reference[0], abs=1e-4)
+    assert final == pytest.approx(reference[1], abs=1e-4)
 
 
 @pytest.mark.timeout(400)

@@ -154,7 +154,12 @@ def _one_process_checkpoint(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     dirs = (str(tmp_path / "stage3"), str(tmp_path / "one"))
-    one_model, _, one_optim = _one_process(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (run_ranks): the ranks redo this step and expect the same bits
+    try:
+        one_model, _, one_optim = _one_process(2)
+    finally:
+        torch.set_num_threads(threads)
     dcp.save({"model": one_model.state_dict(), "optim": one_optim}, checkpoint_id=dirs[1], no_dist=True)
     return dirs
 

@@ -2,8 +2,8 @@
 pp2 × sharding2 on 4 ranks train like a single process of the same model from the same weights (AdamW,
 global-norm clipping of the whole model), and after each step's reduction a rank holds only the gradients of
 the parameters its ZeroRedundancyOptimizer partition owns (the others None): about half of stage 1's gradient
-bytes per rank. Gradient merge and the Trainer keep working; stage 3 next to pp stays refused (beside mp:
-test_hybrid_stage3.py)."""
+bytes per rank. Gradient merge and the Trainer keep working; stage 3 runs beside mp or pp (test_hybrid_stage3.py,
+test_hybrid_stage3_pp.py), not beside both."""
 
 import sys
 from pathlib import Path
@@ -253,8 +253,8 @@ def test_trainer_sharding2_stage2_equals_one_process(kind, clip):
 
 
 @pytest.mark.parametrize("fields, hybrid, error, match", [
-    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"pp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "stage 3 runs beside mp_degree > 1 only"),
+    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"pp_degree": 2, "mp_degree": 2, "sharding_degree": 2},
+     NotImplementedError, "stage 3 runs beside mp_degree > 1 or beside pp_degree > 1"),
     ({"sharding": True, "sharding_configs": {"stage": 2}, "fp16_allreduce": True},
      {"mp_degree": 2, "sharding_degree": 2}, NotImplementedError, "fp16_allreduce with sharding stage 2"),
     ({"sharding": True, "sharding_configs": {"stage": 2, "offload": True}}, {"pp_degree": 2, "sharding_degree": 2},
@@ -274,6 +274,13 @@ def test_hybrid_sharding_stage2_is_accepted():
         strategy.hybrid_configs = hybrid
         strategy.check_supported(4)
         assert strategy.sharding_stage == 2
+
+
+def test_hybrid_sharding_stage3_beside_pp_is_accepted():  # (it trains: test_hybrid_stage3_pp.py)
+    strategy = fleet.DistributedStrategy(sharding=True, sharding_configs={"stage": 3})
+    strategy.hybrid_configs = {"pp_degree": 2, "sharding_degree": 2}
+    strategy.check_supported(4)
+    assert strategy.sharding_stage == 3
 
 
 def _manual_stage2(rank, world):

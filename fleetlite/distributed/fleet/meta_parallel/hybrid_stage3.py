@@ -44,7 +44,7 @@ from . import hybrid_state
 from .mp_layers import is_split
 from .sharded_state import MESH_2D_ATTR
 
-__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "STAGE3_ATTR"]
+__all__ = ["HybridStage3", "data_mesh", "data_mp_mesh", "STAGE3_ATTR", "wants_stage3_pipeline", "shard_pipeline_stage"]
 
 #: the attribute a stage-3 parameter beside mp carries: the data × sharding group it is sharded over
 STAGE3_ATTR = "stage3_group"
@@ -144,3 +144,37 @@ def distributed_stage3(model: nn.Module, strategy: Any, hcg: Any) -> HybridStage
         torch.float32 if param_dtype is not None else None)
     return HybridStage3(model, hcg, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                         wrap=strategy.sharding_configs["wrap"] or None)
+
+
+# Note [stage 3 beside pp]
+# torchtitan's pp + FSDP (``parallelize.py``'s ``apply_fsdp`` on each stage's module, ``pipeline_parallel.py``):
+# each rank's stage (the ``PipelineLayer``) is ``fully_shard``-ed over the 1-D mesh of its data × sharding ranks
+# (:func:`data_mesh`: the ranks holding the same stage and reading other data) before torch's ``PipelineStage``
+# wraps it. The stage knows FSDP2 modules: it keeps the unsharded gradients over the micro-batches and has FSDP2
+# reduce-scatter them, averaged over data × sharding, after the last backward; so the pipeline's own
+# data-parallel all-reduce is skipped (Note [pipeline gradients]), its division by the number of micro-batches
+# applies to the shards, and the global norm adds each shard over its data mesh, then over the pipe group (the one
+# gradient rule). Parameters are kept unsharded between the micro-batches' forward and backward
+# (``reshard_after_forward=False``, torchtitan's choice under pp). Every parameter and buffer is broadcast over
+# data × sharding first, so the ranks start from the same stage.
+
+
+def wants_stage3_pipeline(hcg: Any, strategy: Any) -> bool:
+    """True where a pipeline's stages are sharded by FSDP2 (sharding stage 3 beside pp: Note [stage 3 beside pp])."""
+    return hcg is not None and strategy is not None and strategy.sharding_stage == 3
+
+
+def shard_pipeline_stage(layers: nn.Module, hcg: Any) -> Any:
+    """``fully_shard`` this rank's stage over its data × sharding mesh (Note [stage 3 beside pp]); broadcasts
+    the stage's parameters and buffers over that group first. Returns the mesh's process group."""
+    from torch.distributed.fsdp import fully_shard  # FSDP2: only when used
+
+    with torch.no_grad():
+        broadcast_coalesced([t.data for t in [*layers.parameters(), *layers.buffers()]],
+                            hcg.get_data_sharding_parallel_group())
+    mesh = data_mesh(hcg)
+    fully_shard(layers, mesh=mesh, reshard_after_forward=False)
+    group = mesh.get_group()
+    for p in layers.parameters():
+        setattr(p, STAGE3_ATTR, group)
+    return group

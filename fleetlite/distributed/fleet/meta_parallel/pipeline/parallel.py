@@ -25,7 +25,8 @@ micro-batches after the schedule (Paddle divides each micro-batch's loss by
 ``accumulate_steps``: the same mean; by us, not by torch's stages, which
 would divide a layer shared by two chunks of one rank twice). Then shared weights'
 gradients are summed over the stages that share them, then every gradient is
-averaged over the data-parallel group, then the optimizer steps. The
+averaged over the data-parallel group (under sharding stage 3 FSDP2 has
+reduce-scattered them: Note [stage 3 beside pp]), then the optimizer steps. The
 returned loss is the mean over micro-batches, broadcast from the last stage
 to every stage of the pipeline (as Paddle's ``_broadcast_final_loss``).
 
@@ -98,6 +99,8 @@ class PipelineParallel(WrappedModel):
         self._last_rank = _group_ranks(self.pp_group)[-1]
         device = next((p.device for p in layers.parameters()), torch.device("cpu"))
         chunks = layers.get_model_chunks()
+        #: sharding stage 3: this stage sharded by FSDP2 over dp × sharding (Note [stage 3 beside pp])
+        self.stage3 = self._shard_stage3(layers, hcg, strategy, chunks)
         if chunks is None:
             self._stages = [PipelineStage(layers, self.stage_id, self.num_stages, device, group=self.pp_group)]
         else:  # chunk i of this rank is stage stage_id + i * pp of pp * v (Note [virtual pipeline stages])
@@ -141,10 +144,24 @@ class PipelineParallel(WrappedModel):
                 dp_group = group
         return pp_group, dp_group
 
+    @staticmethod
+    def _shard_stage3(layers: PipelineLayer, hcg: Any, strategy: Any, chunks: Any) -> bool:
+        """Sharding stage 3: ``fully_shard`` the stage over dp × sharding (Note [stage 3 beside pp])."""
+        from ..hybrid_stage3 import shard_pipeline_stage, wants_stage3_pipeline
+
+        if not wants_stage3_pipeline(hcg, strategy):
+            return False
+        if chunks is not None or layers.shared_comm:
+            raise NotImplementedError("sharding stage 3 beside pp_degree > 1 shards one stage per rank without "
+                                      "shared layers; drop num_virtual_pipeline_stages / SharedLayerDesc, or use "
+                                      "sharding_configs['stage'] = 2")
+        shard_pipeline_stage(layers, hcg)
+        return True
+
     @torch.no_grad()
     def _broadcast_dp_replicas(self) -> None:
         """Data-parallel replicas of a stage start from the same weights (those of the group's first rank)."""
-        if self.dp_group is None:
+        if self.dp_group is None or self.stage3:  # stage 3: broadcast before sharding
             return
         src = min(_group_ranks(self.dp_group))
         for t in [*self._layers.parameters(), *self._layers.buffers()]:
@@ -267,7 +284,7 @@ class PipelineParallel(WrappedModel):
         if self.sharded_grads is not None:
             self.sharded_grads.reduce()
             return
-        if self.dp_group is not None:  # Note [one gradient rule]
+        if self.dp_group is not None and not self.stage3:  # Note [one gradient rule]; stage 3: FSDP2 reduced
             from ...gradients import average_gradients
 
             average_gradients([p for p in self._layers.parameters() if p.requires_grad], self.dp_group)

@@ -62,7 +62,11 @@ def _pp2_stage3(rank, world, fleet_optimizer):
         clipped &= bool(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP) > 2 * CLIP)  # the clip acts
         ref_opt.step()
         d_loss.append(abs(loss.item() - losses[part].item()))
-    d_shard = _shard_diff(stage, ref, hcg)
+    x, y = mlp_batch(STEPS, ROWS, part)
+    with torch.no_grad():
+        ref_eval = nn.functional.cross_entropy(ref(x), y)
+    d_eval = abs(model.eval_batch([x, y], compute_loss=True).item() - ref_eval.item())
+    d_shard = _shard_diff(stage, ref, hcg)  # (after an evaluation too: the stage is sharded again)
     full = model.full_state_dict()
     d_full = max_abs_diff(full, ref.state_dict())
     keys = sorted(full) == sorted(ref.state_dict())
@@ -70,7 +74,7 @@ def _pp2_stage3(rank, world, fleet_optimizer):
     other = type(ref)()  # another single-process model: its state loads into the shards
     model.load_full_state_dict(other.state_dict())
     d_load = _shard_diff(stage, other, hcg)
-    return dict(loss=worst(d_loss), shard=d_shard, full=d_full, keys=keys, load=d_load, clipped=clipped,
+    return dict(loss=worst(d_loss), eval=d_eval, shard=d_shard, full=d_full, keys=keys, load=d_load, clipped=clipped,
                 is_pp=isinstance(model, PipelineParallel), stage3=model.stage3,
                 data=tdist.get_process_group_ranks(hcg.get_data_sharding_parallel_group()))
 
@@ -80,7 +84,7 @@ def _pp2_stage3(rank, world, fleet_optimizer):
 def test_pp2_sharding2_stage3_trains_like_a_single_process_on_four_ranks(fleet_optimizer):
     out = run_ranks(_pp2_stage3, world_size=4, args=(fleet_optimizer,), timeout=290)
     for rank, r in enumerate(out):
-        assert r["loss"] <= TOL and r["shard"] <= TOL and r["clipped"] and r["is_pp"] and r["stage3"], (rank, r)
+        assert r["loss"] <= TOL and r["eval"] <= TOL and r["shard"] <= TOL and r["clipped"] and r["is_pp"] and r["stage3"], (rank, r)
         assert r["full"] <= TOL and r["keys"] and r["load"] == 0.0, (rank, r)
         assert r["data"] == [rank // 2 * 2, rank // 2 * 2 + 1]  # order dp, pp, sharding: rank = 2 * pp + sharding
 

@@ -84,7 +84,8 @@ def _pp2_stage3(rank, world, fleet_optimizer):
 def test_pp2_sharding2_stage3_trains_like_a_single_process_on_four_ranks(fleet_optimizer):
     out = run_ranks(_pp2_stage3, world_size=4, args=(fleet_optimizer,), timeout=290)
     for rank, r in enumerate(out):
-        assert r["loss"] <= TOL and r["eval"] <= TOL and r["shard"] <= TOL and r["clipped"] and r["is_pp"] and r["stage3"], (rank, r)
+        assert r["loss"] <= TOL and r["eval"] <= TOL and r["shard"] <= TOL, (rank, r)
+        assert r["clipped"] and r["is_pp"] and r["stage3"], (rank, r)
         assert r["full"] <= TOL and r["keys"] and r["load"] == 0.0, (rank, r)
         assert r["data"] == [rank // 2 * 2, rank // 2 * 2 + 1]  # order dp, pp, sharding: rank = 2 * pp + sharding
 

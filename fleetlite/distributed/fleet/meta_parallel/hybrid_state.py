@@ -366,18 +366,29 @@ def _to_local(value: Any) -> Any:
 def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
     """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
     DTensor: Note [stage 3 beside mp]): there a DTensor laid out like the parameter."""
+    params = dict(module.named_parameters())
+    return {key: _like_param(value, params.get(_param_of(key))) for key, value in flat.items()}
+
+
+def _nested_in_param_layout(module: nn.Module, nested: dict[str, Any]) -> dict[str, Any]:
+    """A loaded nested optimizer state (``{"state": {fqn: {name: value}}, "param_groups": ...}``) laid out as
+    :func:`_in_param_layout` lays out the flattened one: a checkpoint of one process (or of a layout without
+    tensor parallelism) read into stage 3 beside mp keeps its state tensors DTensors like the parameters."""
+    params = dict(module.named_parameters())
+    return {**nested, "state": {fqn: {k: _like_param(v, params.get(fqn)) for k, v in entry.items()}
+                                for fqn, entry in nested["state"].items()}}
+
+
+def _like_param(value: Any, param: Any) -> Any:
+    """A loaded optimizer state value as a local tensor, or, where the parameter is a stage-3 shard (a DTensor:
+    Note [stage 3 beside mp]), a DTensor laid out like the parameter."""
     from torch.distributed.tensor import DTensor
 
-    params = dict(module.named_parameters())
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        p = params.get(_param_of(key))
-        if isinstance(value, DTensor) and isinstance(p, DTensor):
-            out[key] = value if value.device_mesh is p.device_mesh else DTensor.from_local(
-                value.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
-        else:
-            out[key] = _to_local(value)
-    return out
+    if isinstance(value, DTensor) and isinstance(param, DTensor):
+        return value if value.device_mesh is param.device_mesh else DTensor.from_local(
+            value.to_local(), param.device_mesh, param.placements, run_check=False, shape=param.shape,
+            stride=param.stride())
+    return _to_local(value)
 
 
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
@@ -400,7 +411,7 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
-        set_optimizer_state_dict(module, opt, _to_local(state["optim"]), options=_options(False))
+        set_optimizer_state_dict(module, opt, _nested_in_param_layout(module, state["optim"]), options=_options(False))
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:

@@ -384,42 +384,32 @@ def _pipeline_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> 
     return PipelineParallel(model, hcg, strategy=strategy)
 
 
+def _engine_args(strategy: DistributedStrategy) -> dict[str, Any]:
+    """The data-parallel engine's settings from the strategy (bucket sizes, unused parameters, fp16_allreduce):
+    the same for plain data parallelism and the engine under TensorParallel and SegmentParallel."""
+    fused = strategy.fuse_all_reduce_ops
+    return {"comm_buffer_size": strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
+            "last_comm_buffer_size": strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
+            "find_unused_parameters": strategy.find_unused_parameters,
+            "comm_dtype": DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None}
+
+
 def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
     """mp_degree > 1: TensorParallel (replicated parameters agreed over mp, the engine over the dp group)."""
     from .meta_parallel import TensorParallel
 
-    fused = strategy.fuse_all_reduce_ops
-    return TensorParallel(
-        model, hcg, strategy,
-        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
-        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
-        find_unused_parameters=strategy.find_unused_parameters,
-        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
+    return TensorParallel(model, hcg, strategy, **_engine_args(strategy))
 
 
 def _segment_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
     """sep_degree > 1: SegmentParallel, the engine over dp × sep (meta_parallel/segment_parallel.py)."""
     from .meta_parallel import SegmentParallel
 
-    fused = strategy.fuse_all_reduce_ops
-    return SegmentParallel(
-        model, hcg, strategy,
-        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
-        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
-        find_unused_parameters=strategy.find_unused_parameters,
-        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None)
+    return SegmentParallel(model, hcg, strategy, **_engine_args(strategy))
 
 
 def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
-    fused = strategy.fuse_all_reduce_ops
-    dp = DataParallel(
-        model,
-        comm_buffer_size=strategy.fuse_grad_size_in_MB if fused else _UNFUSED_MB,
-        last_comm_buffer_size=strategy.last_comm_group_size_MB if fused else _UNFUSED_MB,
-        find_unused_parameters=strategy.find_unused_parameters,
-        comm_dtype=DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None,
-    )
-    return dp
+    return DataParallel(model, **_engine_args(strategy))
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer,

@@ -287,17 +287,16 @@ class DistributedStrategy:
 
     def _check_hybrid_sharding(self) -> None:
         """Sharding next to mp/pp: stages 1 and 2 over hybrid_configs' sharding axis (Notes [sharding with mp and pp],
-        [hybrid sharding stage 2]); stage 3 on FSDP2 over dp x sharding beside mp or beside pp (Notes [stage 3
-        beside mp], [stage 3 beside pp]), not beside both nor beside sep."""
+        [hybrid sharding stage 2]); stage 3 on FSDP2 over dp x sharding beside mp, beside pp or beside both (Notes
+        [stage 3 beside mp], [stage 3 beside pp]), not beside sep."""
         hybrid, cfg = self._values["hybrid_configs"], self._values["sharding_configs"]
         stage, hsd = cfg["stage"], hybrid["sharding_degree"]
-        if stage == 3 and (hybrid["sep_degree"] > 1 or (hybrid["pp_degree"] > 1 and hybrid["mp_degree"] > 1)):
+        if stage == 3 and hybrid["sep_degree"] > 1:
             raise NotImplementedError(
-                "sharding stage 3 together with sep_degree > 1, or with both pp_degree and mp_degree > 1, is not "
-                "implemented by fleetlite (stage 3 runs beside mp_degree > 1 or beside pp_degree > 1: FSDP2 over dp "
-                "x sharding); set sharding_configs['stage'] = 2 (optimizer state and gradients sharded over "
-                "hybrid_configs' sharding axis) or 1 (optimizer state only), or keep only one of pp_degree and "
-                "mp_degree above 1")
+                "sharding stage 3 together with sep_degree > 1 is not implemented by fleetlite (stage 3 runs beside "
+                "mp_degree and pp_degree > 1: FSDP2 over dp x sharding); set sharding_configs['stage'] = 2 "
+                "(optimizer state and gradients sharded over hybrid_configs' sharding axis) or 1 (optimizer state "
+                "only), or sep_degree = 1")
         if stage == 2 and self._values["fp16_allreduce"]:
             raise NotImplementedError(
                 "fp16_allreduce with sharding stage 2 next to mp_degree/pp_degree > 1: the reduction to each "

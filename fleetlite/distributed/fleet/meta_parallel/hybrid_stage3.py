@@ -166,15 +166,26 @@ def wants_stage3_pipeline(hcg: Any, strategy: Any) -> bool:
 
 def shard_pipeline_stage(layers: nn.Module, hcg: Any) -> Any:
     """``fully_shard`` this rank's stage over its data × sharding mesh (Note [stage 3 beside pp]); broadcasts
-    the stage's parameters and buffers over that group first. Returns the mesh's process group."""
+    the stage's parameters and buffers over that group first. Beside mp too (Note [stage 3 beside pp and mp]) the
+    stage's replicated parameters are broadcast over mp first and its slices keep their tags. Returns the mesh's
+    process group."""
     from torch.distributed.fsdp import fully_shard  # FSDP2: only when used
 
+    mp = hcg.get_model_parallel_world_size() > 1
     with torch.no_grad():
+        if mp:  # one starting stage: replicated parameters over mp (as HybridStage3 and TensorParallel do)
+            broadcast_coalesced([p.data for p in layers.parameters() if not is_split(p)],
+                                hcg.get_model_parallel_group())
         broadcast_coalesced([t.data for t in [*layers.parameters(), *layers.buffers()]],
                             hcg.get_data_sharding_parallel_group())
+    tags = {n: {a: getattr(p, a) for a in _TAGS if hasattr(p, a)} for n, p in layers.named_parameters()}
     mesh = data_mesh(hcg)
     fully_shard(layers, mesh=mesh, reshard_after_forward=False)
-    group = mesh.get_group()
-    for p in layers.parameters():
+    group, mesh_2d = mesh.get_group(), data_mp_mesh(hcg) if mp else None
+    for name, p in layers.named_parameters():
+        for attr, value in tags.get(name, {}).items():  # (FSDP2's parameters are new objects)
+            setattr(p, attr, value)
         setattr(p, STAGE3_ATTR, group)
+        if mesh_2d is not None and is_split(p):
+            setattr(p, MESH_2D_ATTR, mesh_2d)
     return group

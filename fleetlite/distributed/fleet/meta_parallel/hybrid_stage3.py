@@ -157,6 +157,13 @@ def distributed_stage3(model: nn.Module, strategy: Any, hcg: Any) -> HybridStage
 # gradient rule). Parameters are kept unsharded between the micro-batches' forward and backward
 # (``reshard_after_forward=False``, torchtitan's choice under pp). Every parameter and buffer is broadcast over
 # data × sharding first, so the ranks start from the same stage.
+#
+# Note [stage 3 beside pp and mp]
+# 3-D (e.g. pp2 × mp2 × sharding2 on 8 ranks): a stage holding tensor-parallel layers is sharded as above, each
+# slice a whole tensor to FSDP2 (as in Note [stage 3 beside mp]). The stage's replicated parameters are broadcast
+# over mp before sharding, and FSDP2's new parameters get the slices' tags back (``split_axis``, ``mp_group``) and
+# the (data × sharding, mp) mesh, so the global norm adds a shard over its data mesh, a slice over mp and a stage
+# over pp, and the full state gathers over the data mesh, mp and the pipe (Note [hybrid full state]).
 
 
 def wants_stage3_pipeline(hcg: Any, strategy: Any) -> bool:

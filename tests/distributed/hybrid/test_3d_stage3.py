@@ -3,7 +3,8 @@ sharding2 on 8 ranks, each stage's tensor-parallel slices ``fully_shard``-ed ove
 stage and slices, trains like a hand-written single-process model from the same full weights on the global batch
 (AdamW, the whole model's global-norm clip through ``fleet.distributed_optimizer``), evaluates like it, every rank's
 shards checked against the reference's; the full state gathers to the single-process model's state, which loads into
-one process and evaluates alike, and a single-process state loads back into the shards.
+one process and evaluates alike; a DCP checkpoint of the model and AdamW loads into one process as the reference's
+weights and AdamW state; and a single-process state loads back into the shards.
 
 One launch covers training, evaluation and the checkpoint: 8 processes on a small machine are slow."""
 
@@ -27,6 +28,9 @@ from fleetlite.distributed.fleet.meta_parallel import (
 )
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
+
+# the single-process side of the DCP check
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 
 VOCAB, WIDTH, HIDDEN, SEQ = 16, 8, 12, 3
 STEPS, ROWS, MICRO, CLIP, TOL = 3, 4, 2, 0.05, 1e-5
@@ -98,7 +102,7 @@ def _shard_diff(stage, ref, hcg):
     return worst(out)
 
 
-def _pp2_mp2_stage3(rank, world):
+def _pp2_mp2_stage3(rank, world, save_dir):
     fleet_impl._reset()
     strategy = fleet.DistributedStrategy(sharding=True, sharding_configs={"stage": 3})
     strategy.hybrid_configs = {"dp_degree": 1, "pp_degree": 2, "mp_degree": 2, "sharding_degree": 2}
@@ -141,23 +145,51 @@ def _pp2_mp2_stage3(rank, world):
     one.load_state_dict(full)
     with torch.no_grad():
         d_one = max_abs_diff(_loss(one(x), y), ref_eval)
+    import torch.distributed.checkpoint as dcp
+
+    from fleetlite.distributed.fleet.meta_parallel import hybrid_state
+
+    dcp.save(hybrid_state.dcp_state(stage, opt, writing=True), checkpoint_id=save_dir)  # read by one process below
     other = _reference(7)  # another single-process model: its state loads into the shards
     model.load_full_state_dict(other.state_dict())
     d_load = _shard_diff(stage, other, hcg)
     return dict(loss=worst(d_loss), eval=d_eval, shard=d_shard, full=d_full, keys=keys, one=d_one, load=d_load,
                 clipped=clipped, split=split, is_pp=isinstance(model, PipelineParallel), stage3=model.stage3,
-                data=tdist.get_process_group_ranks(hcg.get_data_sharding_parallel_group()))
+                data=tdist.get_process_group_ranks(hcg.get_data_sharding_parallel_group()),
+                ref={k: v.clone() for k, v in ref.state_dict().items()},
+                ref_optim={f"state.{n}.{k}": v.clone() for n, p in ref.named_parameters()
+                           for k, v in ref_opt.state[p].items() if k != "step"})
+
+
+def _one_process_from(save_dir):
+    """A single-process model and AdamW (other values, one step taken so the state exists) loaded from the ranks'
+    DCP checkpoint: (model state, flattened optimizer state)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    one = _reference(9)
+    opt = torch.optim.AdamW(one.parameters(), lr=1e-2)
+    x, y = _batch(0, 0)
+    _loss(one(x), y).backward()
+    opt.step()
+    state = {"model": one.state_dict(),
+             "optim": get_optimizer_state_dict(one, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))}
+    dcp.load(state, checkpoint_id=save_dir, no_dist=True)
+    return state["model"], state["optim"]
 
 
 @pytest.mark.timeout(600)
-def test_pp2_mp2_sharding2_stage3_trains_evaluates_and_checkpoints_like_a_single_process_on_eight_ranks():
-    out = run_ranks(_pp2_mp2_stage3, world_size=8, timeout=590)
+def test_pp2_mp2_sharding2_stage3_trains_evaluates_and_checkpoints_like_a_single_process_on_eight_ranks(tmp_path):
+    out = run_ranks(_pp2_mp2_stage3, world_size=8, args=(str(tmp_path / "dcp"),), timeout=590)
+    model, optim = _one_process_from(str(tmp_path / "dcp"))
     for rank, r in enumerate(out):
         assert r["loss"] <= TOL and r["eval"] <= TOL and r["shard"] <= TOL, (rank, r)
         assert r["clipped"] and r["split"] and r["is_pp"] and r["stage3"], (rank, r)
         assert r["full"] <= TOL and r["keys"] and r["one"] <= TOL and r["load"] == 0.0, (rank, r)
         # the order is dp, pp, sharding, mp: the data × sharding pair of a rank is two apart
         assert r["data"] == sorted({rank, rank ^ 2}), (rank, r)
+        assert max_abs_diff(r["ref"], model) <= TOL and sorted(model) == sorted(r["ref"]), rank
+        assert max_abs_diff(r["ref_optim"], optim) <= TOL, rank
 
 
 def test_stage3_beside_pp_and_mp_together_is_accepted():

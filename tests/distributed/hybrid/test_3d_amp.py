@@ -2,9 +2,9 @@
 strategies]): pp2 × sharding2 on 4 ranks against a hand-written single process that runs each data part's
 micro-batches under ``torch.autocast(bfloat16)`` (loss in float32) and averages the gradients over the global batch.
 The same ops in the same dtypes on both sides (FSDP2 keeps float32 parameters here; autocast casts inside each
-stage, and a stage boundary's float32 cast is exact), so the float32 bound, 1e-5, holds; against the same single
-process without autocast the shards differ by far more (the check that autocast ran), and every linear layer of
-every stage computes in bfloat16."""
+stage, and a stage boundary's float32 cast is exact), so the float32 bound, 1e-5, holds (measured: equal); the same
+single process without autocast is 1.4e-4 to 1.3e-3 away from the shards (measured), so a missing autocast fails
+the bound, and every linear layer of every stage computes in bfloat16."""
 
 import warnings
 
@@ -107,5 +107,5 @@ def _pp2_stage3_amp(rank, world):
 def test_amp_bfloat16_under_stage3_beside_pp_follows_a_single_process_under_autocast():
     for rank, r in enumerate(run_ranks(_pp2_stage3_amp, world_size=4, timeout=290)):
         assert r["stage3"] and r["loss"] <= TOL and r["shard"] <= TOL, (rank, r)
-        assert r["vs_fp32"] > 100 * max(r["shard"], 1e-6), (rank, r)  # without autocast the test fails
+        assert r["vs_fp32"] > 10 * TOL, (rank, r)  # without autocast the bound above fails
         assert r["dtypes"] == {torch.bfloat16}, (rank, r)

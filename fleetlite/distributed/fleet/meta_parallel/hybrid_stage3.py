@@ -82,6 +82,17 @@ def data_mp_mesh(hcg: Any) -> Any:
         return mesh[(name, "mp")]
 
 
+def _retag(layers: nn.Module, tags: Mapping[str, Mapping[str, Any]], group: Any, mesh_2d: Any) -> None:
+    """Give FSDP2's new parameters of ``layers`` their slices' tags back (``tags``: by name, taken before
+    ``fully_shard``), the data × sharding ``group`` they are sharded over, and each slice the (data × sharding, mp)
+    mesh."""
+    for name, p in layers.named_parameters():
+        for attr, value in {**tags.get(name, {}), STAGE3_ATTR: group}.items():
+            setattr(p, attr, value)
+    for p in filter(is_split, layers.parameters()):
+        setattr(p, MESH_2D_ATTR, mesh_2d)
+
+
 class HybridStage3(ShardedDataParallel):
     """A tensor-parallel model sharded by FSDP2 over the data × sharding ranks (Note [stage 3 beside mp]).
 
@@ -105,13 +116,7 @@ class HybridStage3(ShardedDataParallel):
         mesh = data_mesh(hcg)
         super().__init__(layers, stage=3, param_dtype=param_dtype, reduce_dtype=reduce_dtype, wrap=wrap, mesh=mesh)
         self._hcg = hcg
-        group, mesh_2d = mesh.get_group(), data_mp_mesh(hcg)
-        for name, p in self._layers.named_parameters():
-            for attr, value in tags.get(name, {}).items():
-                setattr(p, attr, value)
-            setattr(p, STAGE3_ATTR, group)
-            if is_split(p):
-                setattr(p, MESH_2D_ATTR, mesh_2d)
+        _retag(self._layers, tags, mesh.get_group(), data_mp_mesh(hcg))
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients by the full model's global norm (each element once over data, sharding and mp: the
@@ -178,21 +183,13 @@ def shard_pipeline_stage(layers: nn.Module, hcg: Any) -> Any:
     process group."""
     from torch.distributed.fsdp import fully_shard  # FSDP2: only when used
 
-    mp = hcg.get_model_parallel_world_size() > 1
-    with torch.no_grad():
-        if mp:  # one starting stage: replicated parameters over mp (as HybridStage3 and TensorParallel do)
-            broadcast_coalesced([p.data for p in layers.parameters() if not is_split(p)],
-                                hcg.get_model_parallel_group())
+    with torch.no_grad():  # one starting stage: replicated parameters over mp (a no-op at mp 1), all over data
+        broadcast_coalesced([p.data for p in layers.parameters() if not is_split(p)], hcg.get_model_parallel_group())
         broadcast_coalesced([t.data for t in [*layers.parameters(), *layers.buffers()]],
                             hcg.get_data_sharding_parallel_group())
     tags = {n: {a: getattr(p, a) for a in _TAGS if hasattr(p, a)} for n, p in layers.named_parameters()}
     mesh = data_mesh(hcg)
     fully_shard(layers, mesh=mesh, reshard_after_forward=False)
-    group, mesh_2d = mesh.get_group(), data_mp_mesh(hcg) if mp else None
-    for name, p in layers.named_parameters():
-        for attr, value in tags.get(name, {}).items():  # (FSDP2's parameters are new objects)
-            setattr(p, attr, value)
-        setattr(p, STAGE3_ATTR, group)
-        if mesh_2d is not None and is_split(p):
-            setattr(p, MESH_2D_ATTR, mesh_2d)
+    group = mesh.get_group()
+    _retag(layers, tags, group, data_mp_mesh(hcg))
     return group

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hybrid_models import init_fleet
 from torch import nn
 
-import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.gradients import GradGroups, average_gradients, clip_by_global_norm, global_norm
 from fleetlite.distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid, global_norm_hybrid
 from fleetlite.distributed.fleet.meta_parallel.hybrid_sharding import GRAD_GROUP_ATTR, PARTITION_ATTR
@@ -20,14 +19,6 @@ from fleetlite.testing import run_ranks
 NORMS = (2.0, 3.0, math.inf)
 # name -> (full shape, split axis under mp or None for replicated)
 LAYOUT = {"emb": ((8, 4), 0), "up": ((6, 4), 0), "down": ((4, 6), 1), "bias": ((4,), None), "scale": ((4,), None)}
-
-
-def _init(hybrid, **fields):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(**fields)
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group()
 
 
 def _full_grads():
@@ -74,7 +65,7 @@ def _check_norms(params, groups, ref_norms):
 
 
 def _mp(rank, world, degrees):
-    hcg = _init(degrees)
+    hcg = init_fleet(degrees)
     mp_rank, mp = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
     full = _full_grads()
     ref_norms, ref_clipped = _reference(full, max_norm=3.0)
@@ -106,7 +97,7 @@ def test_mp2_dp2_counts_replicas_once_on_four_ranks():
 
 def _pp_tied(rank, world):
     """Stage 0 holds emb (the tied weight's first holder) and up; stage 1 holds emb's copy, down, bias, scale."""
-    hcg = _init({"pp_degree": 2})
+    hcg = init_fleet({"pp_degree": 2})
     stage = hcg.get_stage_id()
     full = _full_grads()
     ref_norms, ref_clipped = _reference(full, max_norm=3.0)
@@ -131,7 +122,7 @@ def test_pp2_with_a_tied_weight_counts_it_once():
 
 def _stage2_mp(rank, world):
     """mp2 × sharding2, stage 2: each parameter's gradient lives on its owner (the others None)."""
-    hcg = _init({"mp_degree": 2, "sharding_degree": 2}, sharding=True, sharding_configs={"stage": 2})
+    hcg = init_fleet({"mp_degree": 2, "sharding_degree": 2}, sharding=True, sharding_configs={"stage": 2})
     mp_rank, sh_rank, sh_group = (hcg.get_model_parallel_rank(), hcg.get_sharding_parallel_rank(),
                                   hcg.get_sharding_parallel_group())
     full = _full_grads()
@@ -255,7 +246,7 @@ def test_fsdp2_beside_mp2_on_four_ranks():
 
 
 def _nan(rank, world):
-    hcg = _init({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     params = _mp_params(_full_grads(), LAYOUT, rank, 2)
     if rank == 1:
         params["up"].grad[0, 0] = math.nan  # one element of one slice, on one rank

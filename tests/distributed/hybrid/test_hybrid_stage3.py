@@ -5,15 +5,23 @@ weights on the global batch (AdamW, global-norm clipping of the whole model), ev
 the reference's; each rank holds a quarter of the model (half of mp2 × dp2's parameter bytes); the full state
 gathers to the single-process model's state and loads back into the shards."""
 
-import sys
-from pathlib import Path
-
+import hybrid_models
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    STEPS,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    local_slice,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
-from tp_models import RefModel, TPModel, copy_from, data, local_slice, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -21,9 +29,6 @@ from fleetlite.distributed.fleet.meta_parallel.hybrid_stage3 import HybridStage3
 from fleetlite.distributed.sharding import group_sharded_parallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer" / "hybrid"))
-import hybrid_models  # noqa: E402  (the Trainer's hybrid helpers: tests/trainer/hybrid)
 
 # the single-process side of the DCP checks; FSDP2's notice that a unit returned a view (nothing edits it in place)
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized"),
@@ -92,7 +97,7 @@ def _dcp_load(model, opt, hcg, load_dir):
 
 
 def _stage3(rank, world, api, dirs=None, hybrid=MP2_SHARDING2):
-    hcg = _init(hybrid, **(STAGE3 if api == "fleet" else {}))
+    hcg = init_fleet(hybrid, **(STAGE3 if api == "fleet" else {}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -228,10 +233,8 @@ def _trainer(rank=0, world=1):
         out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
         return out
     torch.set_num_threads(1)
-    strategy = fleet.DistributedStrategy(**STAGE3)
-    strategy.hybrid_configs = {"dp_degree": 1, **MP2_SHARDING2}
-    fleet.init(is_collective=True, strategy=strategy)
-    t, out = hybrid_models.run_trainer(hybrid_models.tp_net(), strategy, 8, 8, clip=clip, loss=loss)
+    init_fleet({"dp_degree": 1, **MP2_SHARDING2}, **STAGE3)
+    t, out = hybrid_models.run_trainer(hybrid_models.tp_net(), fleet.user_strategy(), 8, 8, clip=clip, loss=loss)
     out["weights"] = {hybrid_models._ref_name(k): v for k, v in t.parallel_network.full_state_dict().items()}
     out["stage3"] = isinstance(t.parallel_network, HybridStage3)
     return out

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hybrid_models import copy_from, init_fleet, local_slice
 from parity import max_abs_diff, worst
-from tp_models import init_mp, local_slice
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -26,10 +26,8 @@ def _last(t, hcg):
 
 
 def _linear_case(layer, ref, hcg, x, parallel_in=False):
+    copy_from(layer, ref, hcg)
     ref_params = dict(ref.named_parameters())
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            p.copy_(local_slice(ref_params[name], p, hcg))
     xin = x.clone().requires_grad_(True)
     xr = x.clone().requires_grad_(True)
     out, out_ref = layer(_last(xin, hcg) if parallel_in else xin), ref(xr)
@@ -45,7 +43,7 @@ def _linear_case(layer, ref, hcg, x, parallel_in=False):
 
 
 def _layers(rank, world):
-    hcg = init_mp({"mp_degree": world})
+    hcg = init_fleet({"mp_degree": world})
     torch.manual_seed(0)
     x = torch.randn(3, 4, 8)
     out = {}
@@ -146,7 +144,7 @@ def test_paddles_mpu_import_path_names_the_same_objects():
 
 
 def _tied(rank, world):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(0)
     ref = nn.Embedding(10, 4)
     emb = mpu.VocabParallelEmbedding(10, 4)
@@ -169,7 +167,7 @@ def test_tied_embedding_and_head_share_one_slice_and_its_gradient():
 
 
 def _storage(rank, world):
-    init_mp({"mp_degree": 2})
+    init_fleet({"mp_degree": 2})
     layers = (mpu.ColumnParallelLinear(8, 6, has_bias=True, gather_output=False),
               mpu.RowParallelLinear(6, 8, has_bias=True, input_is_parallel=True), mpu.VocabParallelEmbedding(10, 4))
     return [(p.numel() * p.element_size(), p.untyped_storage().nbytes()) for m in layers for p in m.parameters()]

@@ -8,8 +8,7 @@ reference run on the whole batch (micro-batches of equal size: the mean of their
 import pytest
 import torch
 import torch.distributed as td
-from parity import max_abs_diff, worst
-from pipeline_models import (
+from hybrid_models import (
     copy_from,
     embedding_layers,
     embedding_loss,
@@ -20,6 +19,7 @@ from pipeline_models import (
     tied_descs,
     tied_loss,
 )
+from parity import max_abs_diff, worst
 from torch import nn
 
 from fleetlite.distributed import fleet

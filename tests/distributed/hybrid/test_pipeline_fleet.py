@@ -7,8 +7,8 @@ the single-process model's (Paddle asserts the same), here also the parameters, 
 """
 
 import torch
+from hybrid_models import copy_from, init_fleet, reference, tied_batch, tied_descs, tied_loss
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from, reference, tied_batch, tied_descs, tied_loss
 
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel
@@ -19,12 +19,8 @@ BATCH, MICRO, STEPS = 8, 2, 5
 
 
 def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": world // dp}
-    strategy.pipeline_configs = {"accumulate_steps": BATCH // MICRO, "micro_batch_size": MICRO,
-                                 "schedule_mode": schedule_mode}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": dp, "mp_degree": 1, "pp_degree": world // dp},
+                     {"accumulate_steps": BATCH // MICRO, "micro_batch_size": MICRO, "schedule_mode": schedule_mode})
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     copy_from(stage, ref)

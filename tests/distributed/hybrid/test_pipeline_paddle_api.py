@@ -17,19 +17,19 @@ replica (Paddle's: each micro-batch loss divided by ``accumulate_steps``, averag
 import pytest
 import torch
 import torch.distributed as td
-from parity import max_abs_diff, worst
-from pipeline_models import (
+from hybrid_models import (
     copy_from,
     deep_descs,
+    init_fleet,
     mlp_batch,
     mlp_descs,
     reference,
-    reference_more,
     tied_batch,
     tied_descs,
     tied_loss,
     tied_tail_descs,
 )
+from parity import max_abs_diff, worst
 from torch import nn
 
 from fleetlite.distributed import fleet
@@ -53,10 +53,10 @@ def _square(out, y):
 def _model(kind):
     """(descs, reference, batch, loss functions)."""
     if kind == "tied_tail":
-        return tied_tail_descs, lambda: reference_more("tied_tail"), tied_batch, [tied_loss]
+        return tied_tail_descs, lambda: reference("tied_tail"), tied_batch, [tied_loss]
     if kind == "mlp":
         return mlp_descs, lambda: reference("mlp"), mlp_batch, [_ce]
-    return deep_descs, lambda: reference_more("deep"), mlp_batch, [_ce]
+    return deep_descs, lambda: reference("deep"), mlp_batch, [_ce]
 
 
 def _micro(value, n):
@@ -188,11 +188,8 @@ def _fleet_vpp(rank, world, clip):
     """Paddle's workflow: strategy schedule_mode "VPP", PipelineLayer(topology=hcg.topology(),
     num_virtual_pipeline_stages=2), fleet.distributed_model / distributed_optimizer (its hybrid clip); the tied
     embedding (chunk 0, stage 0) and head (chunk 3, stage 1)."""
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
-    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2},
+                     {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"})
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss, num_virtual_pipeline_stages=2)
     copy_from(stage, ref)
@@ -296,7 +293,7 @@ def test_bad_pipeline_calls_fail_with_one_line():
 
 # -- float16 amp (Paddle's hybrid_parallel_pp_amp) -----------------------------------------------------------------
 def _amp(rank, world, virtual):
-    ref = reference_more("deep")
+    ref = reference("deep")
     stage = PipelineLayer(deep_descs(), num_stages=2, loss_fn=_ce, num_virtual_pipeline_stages=virtual)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=4, micro_batch_size=2)

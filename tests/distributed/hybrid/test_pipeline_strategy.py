@@ -13,12 +13,11 @@ import warnings
 
 import pytest
 import torch
+from hybrid_models import copy_from, init_fleet, mlp_batch, mlp_descs, reference
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from, mlp_batch, mlp_descs, reference
 from torch import nn
 
 from fleetlite.distributed import fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 from fleetlite.distributed.fleet.recompute import is_recomputed
 from fleetlite.nn import SyncBatchNorm
@@ -32,14 +31,10 @@ def _setup(rank, world, kind, dp=1, **fields):
     """``kind``: "mlp" or "bn" (a stage from their descriptions, its weights copied from the plain torch
     reference, returned as ``ref``), or a list of layer descriptions (no reference)."""
     descs = {"mlp": mlp_descs, "bn": bn_descs}[kind]() if isinstance(kind, str) else kind
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(**fields)
-    strategy.hybrid_configs = {"dp_degree": dp, "pp_degree": world // dp}
-    strategy.pipeline_configs = {"accumulate_steps": N_MB, "micro_batch_size": MB}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # amp on a CPU
-        fleet.init(is_collective=True, strategy=strategy)
-        hcg = fleet.get_hybrid_communicate_group()
+        hcg = init_fleet({"dp_degree": dp, "pp_degree": world // dp},
+                         {"accumulate_steps": N_MB, "micro_batch_size": MB}, **fields)
         ref = {"mlp": lambda: reference("mlp"), "bn": _bn_reference}[kind]() if isinstance(kind, str) else None
         stage = PipelineLayer(descs, topology=hcg.topology(), loss_fn=CE)
         if ref is not None:

@@ -3,20 +3,28 @@ run of the same model from the same weights: parameters, losses and the clipped 
 
 import pytest
 import torch
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    STEPS,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    max_param_diff,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import TensorParallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
-STEPS, BATCH, CLIP = 5, 4, 0.3
-
 
 def _train(rank, world, degrees):
-    hcg = init_mp(degrees)
+    hcg = init_fleet(degrees)
     torch.manual_seed(0)
     ref = RefModel()
     model = TPModel()
@@ -61,7 +69,7 @@ def run(world, degrees):
 
 
 def _broadcast(rank, world):
-    init_mp({"mp_degree": 2})
+    init_fleet({"mp_degree": 2})
     torch.manual_seed(rank)  # every rank draws different weights
     model = fleet.distributed_model(TPModel())
     return {k: v for k, v in model.state_dict().items()}
@@ -79,13 +87,9 @@ def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
 def _amp(rank, world):
     import warnings
 
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
-    strategy.hybrid_configs = {"mp_degree": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # float16 amp on a CPU
-        fleet.init(is_collective=True, strategy=strategy)
-        hcg = fleet.get_hybrid_communicate_group()
+        hcg = init_fleet({"mp_degree": 2}, amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
         torch.manual_seed(0)
         ref, model = RefModel(), TPModel()
         copy_from(model, ref, hcg)
@@ -125,11 +129,8 @@ def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
 
 
 def _merge(rank, world):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": 2, "avg": True})
-    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 2, "mp_degree": 2}, gradient_merge=True,
+                     gradient_merge_configs={"k_steps": 2, "avg": True})
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)

@@ -40,7 +40,8 @@ def _reference(clip, global_batch):
 
 def _tp(rank, world, degrees, clip, out_dir):
     torch.set_num_threads(1)
-    strategy = init_fleet(degrees)
+    init_fleet(degrees)
+    strategy = fleet.user_strategy()
     net = tp_net()
     t, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = full_tp_weights(net)

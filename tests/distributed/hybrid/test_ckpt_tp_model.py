@@ -6,9 +6,9 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hybrid_models import RefModel, TPModel, copy_from, data, init_fleet
 from parity import max_abs_diff
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-from tp_models import RefModel, TPModel, copy_from, data, init_mp
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel import (
@@ -20,7 +20,7 @@ from fleetlite.testing import run_ranks
 
 
 def _save_and_reload(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(3)
     model = TPModel()  # the full init sliced: equal to RefModel's draw for the split weights
     dcp.save(sharded_state_dict(model), checkpoint_id=path)
@@ -56,7 +56,7 @@ def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
 
 
 def _load_full(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     model = TPModel()
     state = sharded_state_dict(model)
     dcp.load(state, checkpoint_id=path)  # mp = 1 -> 2: each rank reads its slice of the full tensors
@@ -81,7 +81,7 @@ def test_single_process_checkpoint_loads_into_mp2(tmp_path):
 
 
 def _resume_source(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(0)
     ref = RefModel()
     model = TPModel()

@@ -155,23 +155,25 @@ def train_with_reference(model, opt, ref, ref_opt, steps, rows, part, parts, cli
 LM_ROWS, LM_MICRO = 8, 2  # rows per step, per micro-batch
 
 
-class LMBlock(nn.Module):
-    """A residual gelu MLP of tensor-parallel layers, or of plain ones (``tp=False``) under the same names."""
+class ResBlock(nn.Module):
+    """``x + down(act(up(x)))`` of tensor-parallel layers (column, then row), or of plain ones (``tp=False``) under
+    the same names."""
 
-    def __init__(self, tp=True):
+    def __init__(self, width, hidden, act=F.gelu, tp=True):
         super().__init__()
         if tp:
-            self.up = ColumnParallelLinear(TP_WIDTH, TP_HIDDEN, has_bias=True, gather_output=False)
-            self.down = RowParallelLinear(TP_HIDDEN, TP_WIDTH, input_is_parallel=True)
+            self.up = ColumnParallelLinear(width, hidden, has_bias=True, gather_output=False)
+            self.down = RowParallelLinear(hidden, width, input_is_parallel=True)
         else:
-            self.up, self.down = nn.Linear(TP_WIDTH, TP_HIDDEN), nn.Linear(TP_HIDDEN, TP_WIDTH)
+            self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.act = act
 
-    def forward(self, h):
-        return h + self.down(F.gelu(self.up(h)))
+    def forward(self, x):
+        return x + self.down(self.act(self.up(x)))
 
 
 def lm_descs():
-    return [LayerDesc(VocabParallelEmbedding, TP_VOCAB, TP_WIDTH), LayerDesc(LMBlock),
+    return [LayerDesc(VocabParallelEmbedding, TP_VOCAB, TP_WIDTH), LayerDesc(ResBlock, TP_WIDTH, TP_HIDDEN),
             LayerDesc(nn.LayerNorm, TP_WIDTH),
             LayerDesc(ColumnParallelLinear, TP_WIDTH, TP_VOCAB, has_bias=False, gather_output=True)]
 
@@ -179,7 +181,8 @@ def lm_descs():
 def lm_reference():
     """``lm_descs`` as a plain torch model (its parameter names are the stages' global layer indices)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Embedding(TP_VOCAB, TP_WIDTH), LMBlock(tp=False), nn.LayerNorm(TP_WIDTH),
+    return nn.Sequential(nn.Embedding(TP_VOCAB, TP_WIDTH), ResBlock(TP_WIDTH, TP_HIDDEN, tp=False),
+                         nn.LayerNorm(TP_WIDTH),
                          nn.Linear(TP_WIDTH, TP_VOCAB, bias=False))
 
 
@@ -679,23 +682,9 @@ def opt_state(trainer):
             for k, e in get_optimizer_state_dict(trainer.network, opt)["state"].items()}
 
 
-class TPBlock(nn.Module):
-    """A residual relu MLP of tensor-parallel layers (mp > 1) or plain ones (``tp=False``), the same names."""
-
-    def __init__(self, tp=True):
-        super().__init__()
-        if tp:
-            self.up = ColumnParallelLinear(IN, HIDDEN, has_bias=True, gather_output=False)
-            self.down = RowParallelLinear(HIDDEN, IN, input_is_parallel=True)
-        else:
-            self.up, self.down = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, IN)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(x)))
-
-
 def mp_pp_descs(tp=True):
     """Tensor-parallel blocks inside pipeline stages (mp x pp); ``tp=False``: the single-process layers."""
-    return [LayerDesc(TPBlock, tp), LayerDesc(nn.LayerNorm, IN), LayerDesc(TPBlock, tp),
+    return [LayerDesc(ResBlock, IN, HIDDEN, torch.relu, tp), LayerDesc(nn.LayerNorm, IN),
+            LayerDesc(ResBlock, IN, HIDDEN, torch.relu, tp),
             LayerDesc(ColumnParallelLinear, IN, OUT, has_bias=False, gather_output=True) if tp else
             LayerDesc(nn.Linear, IN, OUT, bias=False)]

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 from hybrid_models import (
+    HIDDEN,
     IN,
     OUT,
     PipelineLayer,
     RefNet,
-    TPBlock,
+    ResBlock,
     batches,
     copy_from,
     degrees,
@@ -105,7 +106,8 @@ def _mp_pp_stage(hcg, ref):
 
 def _mp_pp(rank, world, root):
     torch.manual_seed(0)  # the reference: mp_pp_descs' layers as a plain torch model (the stages' names)
-    ref = nn.Sequential(TPBlock(tp=False), nn.LayerNorm(IN), TPBlock(tp=False), nn.Linear(IN, OUT, bias=False))
+    ref = nn.Sequential(ResBlock(IN, HIDDEN, torch.relu, tp=False), nn.LayerNorm(IN),
+                        ResBlock(IN, HIDDEN, torch.relu, tp=False), nn.Linear(IN, OUT, bias=False))
     hcg = init_fleet(degrees(mp=2, pp=2), {"accumulate_steps": 2, "micro_batch_size": 4})
     model = fleet.distributed_model(_mp_pp_stage(hcg, ref))
     assert any(is_split(p) for p in model.module.parameters())

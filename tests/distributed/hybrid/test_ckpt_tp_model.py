@@ -35,10 +35,33 @@ def _save_and_reload(rank, world, path):
     return back, {k: v for k, v in saved.items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
-    path = str(tmp_path / "ckpt")
-    out = run_ranks(_save_and_reload, world_size=2, args=(path,), timeout=190)
+def _single_process_model():
+    torch.manual_seed(5)
+    return RefModel()
+
+
+def _mp2_runs(rank, world, root):
+    """Every mp2 run of this file in one launch (each with its own checkpoint directory under ``root``)."""
+    return {"reload": _save_and_reload(rank, world, f"{root}/ckpt"), "full": _load_full(rank, world, f"{root}/full"),
+            "resume": _resume_source(rank, world, f"{root}/resume")}
+
+
+@pytest.fixture(scope="module")
+def mp2(tmp_path_factory):
+    """(the checkpoints' directory, every rank's results of ``_mp2_runs``): one 2-rank launch for the module;
+    ``full`` holds the single-process checkpoint the ranks load."""
+    root = tmp_path_factory.mktemp("tp_ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(_single_process_model().state_dict(), checkpoint_id=str(root / "full"), no_dist=True)
+    return root, run_ranks(_mp2_runs, world_size=2, args=(str(root),), timeout=500)
+
+
+@pytest.mark.timeout(600)
+def test_mp2_checkpoint_reloads_and_reshards_to_one_process(mp2):
+    root, runs = mp2
+    path = str(root / "ckpt")
+    out = [r["reload"] for r in runs]
     for back, _saved, _rank in out:
         assert back == 0.0
     plain = RefModel()
@@ -64,15 +87,10 @@ def _load_full(rank, world, path):
     return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_single_process_checkpoint_loads_into_mp2(tmp_path):
-    path = str(tmp_path / "full")
-    torch.manual_seed(5)
-    plain = RefModel()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(plain.state_dict(), checkpoint_id=path, no_dist=True)
-    for state, rank in run_ranks(_load_full, world_size=2, args=(path,), timeout=190):
+@pytest.mark.timeout(600)
+def test_single_process_checkpoint_loads_into_mp2(mp2):
+    plain = _single_process_model()  # the model the fixture saved for the ranks
+    for state, rank in (r["full"] for r in mp2[1]):
         assert torch.equal(state["up.weight"], plain.up.weight.chunk(2, dim=0)[rank])
         assert torch.equal(state["up.bias"], plain.up.bias.chunk(2)[rank])
         assert torch.equal(state["down.weight"], plain.down.weight.chunk(2, dim=1)[rank])
@@ -99,10 +117,11 @@ def _resume_source(rank, world, path):
     return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_mp2_training_resumes_in_one_process_from_its_checkpoint(tmp_path):
-    path = str(tmp_path / "resume")
-    out = run_ranks(_resume_source, world_size=2, args=(path,), timeout=190)
+@pytest.mark.timeout(600)
+def test_mp2_training_resumes_in_one_process_from_its_checkpoint(mp2):
+    root, runs = mp2
+    path = str(root / "resume")
+    out = [r["resume"] for r in runs]
     ref = RefModel()
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     state = {"model": ref.state_dict(), "optim": get_optimizer_state_dict(ref, opt)}

@@ -80,10 +80,21 @@ def _mp(rank, world, degrees):
     return norms
 
 
-@pytest.mark.timeout(120)
-def test_mp2_global_norm_and_clip_equal_the_full_models():
+def _mp2_runs(rank, world):
+    """The mp2 runs of this file (and the plain average over the same two ranks) in one launch."""
+    return {"mp": _mp(rank, world, {"mp_degree": 2}), "nan": _nan(rank, world), "average": _average(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def mp2():
+    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
+    return run_ranks(_mp2_runs, world_size=2, timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_mp2_global_norm_and_clip_equal_the_full_models(mp2):
     ref = {p: float(v) for p, v in _reference(_full_grads(), 3.0)[0].items()}
-    for r in run_ranks(_mp, world_size=2, args=({"mp_degree": 2},), timeout=110):
+    for r in (out["mp"] for out in mp2):
         assert r == pytest.approx(ref, rel=1e-6), r
 
 
@@ -256,9 +267,9 @@ def _nan(rank, world):
     return {p: bool(v.isnan()) for p, v in norms.items()}, {k: bool(p.grad.isnan().all()) for k, p in params.items()}
 
 
-@pytest.mark.timeout(120)
-def test_a_nan_gradient_on_one_rank_gives_a_nan_norm_everywhere():
-    for nan_norms, nan_grads in run_ranks(_nan, world_size=2, timeout=110):
+@pytest.mark.timeout(400)
+def test_a_nan_gradient_on_one_rank_gives_a_nan_norm_everywhere(mp2):
+    for nan_norms, nan_grads in (out["nan"] for out in mp2):
         assert all(nan_norms.values()), nan_norms  # the max (inf) norm too: a MAX all-reduce alone drops a NaN
         assert all(nan_grads.values()), nan_grads  # as torch's clip_grad_norm_: NaN * coefficient
 
@@ -275,7 +286,7 @@ def _average(rank, world):
     return [p.grad.tolist() for p in ps]
 
 
-@pytest.mark.timeout(120)
-def test_average_gradients_divides_then_sums_and_fills_missing():
-    for r in run_ranks(_average, world_size=2, timeout=110):
+@pytest.mark.timeout(400)
+def test_average_gradients_divides_then_sums_and_fills_missing(mp2):
+    for r in (out["average"] for out in mp2):
         assert r == [[1.5] * 3, [[15.0, 15.0], [15.0, 15.0]], [0.5]], r

@@ -246,11 +246,30 @@ def _trainer(rank=0, world=1, kind="mp", clip="global"):
     return out
 
 
-@pytest.mark.timeout(400)
+def _trainer_runs(rank, world, kind, clips):
+    """The Trainer runs of one layout in one launch, a run per clip."""
+    return {clip: _trainer(rank, world, kind, clip) for clip in clips}
+
+
+@pytest.fixture(scope="module")
+def trainer_runs():
+    """``trainer_runs(kind)``: every rank's results of that layout's runs (launched once for the module)."""
+    runs = {}
+
+    def get(kind):
+        if kind not in runs:
+            clips = list(CLIPS) if kind == "mp" else ["global"]
+            runs[kind] = run_ranks(_trainer_runs, 4, args=(kind, clips), timeout=500)
+        return runs[kind]
+
+    return get
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind, clip", [("mp", "global"), ("mp", "each"), ("pp", "global")])
-def test_trainer_sharding2_stage2_equals_one_process(kind, clip):
+def test_trainer_sharding2_stage2_equals_one_process(kind, clip, trainer_runs):
     ref = _trainer(clip=clip)
-    for r in run_ranks(_trainer, 4, args=(kind, clip), timeout=300):
+    for r in (out[clip] for out in trainer_runs(kind)):
         assert not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
         assert r["zero"] == "ZeroRedundancyOptimizer"
         assert r["freed"] and all(n > 0 for n in r["freed"]), r["freed"]  # every step: non-owned gradients freed

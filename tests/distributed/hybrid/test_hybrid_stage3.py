@@ -185,12 +185,26 @@ def _check_dcp(out, dirs):
                 assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
 
 
-@pytest.mark.timeout(300)
+def _mp2_sharding2_runs(rank, world, dirs):
+    """Every mp2 x sharding2 run of this file in one 4-rank launch: stage 3 through fleet (with the DCP round trip
+    through ``dirs``) and through group_sharded_parallel, then the Trainer."""
+    return {"fleet": _stage3(rank, world, "fleet", dirs), "group_sharded_parallel": _stage3(
+        rank, world, "group_sharded_parallel"), "trainer": _trainer(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def mp2_sharding2(tmp_path_factory):
+    """(the DCP directories, every rank's results of ``_mp2_sharding2_runs``): one launch for the module."""
+    dirs = _one_process_checkpoint(tmp_path_factory.mktemp("stage3"))  # DCP: to one process and back
+    return dirs, run_ranks(_mp2_sharding2_runs, world_size=4, args=(dirs,), timeout=600)
+
+
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("api", ["fleet", "group_sharded_parallel"])
-def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, tmp_path):
-    dirs = _one_process_checkpoint(tmp_path) if api == "fleet" else None  # DCP: to one process and back
-    out = run_ranks(_stage3, world_size=4, args=(api, dirs), timeout=290)
-    if dirs is not None:
+def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, mp2_sharding2):
+    dirs, runs = mp2_sharding2
+    out = [r[api] for r in runs]
+    if api == "fleet":
         _check_dcp(out, dirs)
     for r in out:
         assert r["stage3"], r
@@ -240,10 +254,10 @@ def _trainer(rank=0, world=1):
     return out
 
 
-@pytest.mark.timeout(400)
-def test_trainer_on_mp2_sharding2_stage3_equals_one_process():
+@pytest.mark.timeout(700)
+def test_trainer_on_mp2_sharding2_stage3_equals_one_process(mp2_sharding2):
     ref = _trainer()
-    for r in run_ranks(_trainer, 4, timeout=300):
+    for r in (out["trainer"] for out in mp2_sharding2[1]):
         assert r["stage3"] and not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
 
 

@@ -96,9 +96,20 @@ def _layers(rank, world):
     return out
 
 
-@pytest.mark.timeout(200)
-def test_mp_layers_equal_single_process_layers_on_two_ranks():
-    res = run_ranks(_layers, world_size=2, timeout=190)
+def _mp2_runs(rank, world):
+    """Every mp2 run of this file in one launch."""
+    return {"layers": _layers(rank, world), "tied": _tied(rank, world), "storage": _storage(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def mp2():
+    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
+    return run_ranks(_mp2_runs, world_size=2, timeout=400)
+
+
+@pytest.mark.timeout(500)
+def test_mp_layers_equal_single_process_layers_on_two_ranks(mp2):
+    res = [r["layers"] for r in mp2]
     for r in res:
         for key in ("column_gather", "column_split", "row", "row_parallel_in", "embedding", "cross_entropy"):
             assert r[key] <= 1e-5, (key, r[key])
@@ -160,9 +171,9 @@ def _tied(rank, world):
     return worst([_diff(loss, ref_loss), _diff(emb.weight.grad, local_slice(ref.weight.grad, emb.weight, hcg))])
 
 
-@pytest.mark.timeout(120)
-def test_tied_embedding_and_head_share_one_slice_and_its_gradient():
-    for diff in run_ranks(_tied, world_size=2, timeout=110):
+@pytest.mark.timeout(500)
+def test_tied_embedding_and_head_share_one_slice_and_its_gradient(mp2):
+    for diff in (r["tied"] for r in mp2):
         assert diff <= 1e-5, diff
 
 
@@ -173,9 +184,9 @@ def _storage(rank, world):
     return [(p.numel() * p.element_size(), p.untyped_storage().nbytes()) for m in layers for p in m.parameters()]
 
 
-@pytest.mark.timeout(120)
-def test_a_slice_holds_only_its_own_storage():
+@pytest.mark.timeout(500)
+def test_a_slice_holds_only_its_own_storage(mp2):
     """Each rank keeps its slice, not a view into the full weight it was cut from (that would keep the whole
     weight in memory: tensor parallelism would save nothing)."""
-    for sizes in run_ranks(_storage, world_size=2, timeout=110):
+    for sizes in (r["storage"] for r in mp2):
         assert all(own == storage for own, storage in sizes), sizes

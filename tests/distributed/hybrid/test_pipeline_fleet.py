@@ -6,6 +6,7 @@ two stages, inputs ``(x1, x2)`` and labels ``(y1,)``, SGD with a stepped learnin
 the single-process model's (Paddle asserts the same), here also the parameters, and with dp=2 x pp=2 on 4 ranks.
 """
 
+import pytest
 import torch
 from hybrid_models import copy_from, init_fleet, reference, tied_batch, tied_descs, tied_loss
 from parity import max_abs_diff, worst
@@ -60,8 +61,20 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
     return worst(d_loss), worst([d_param, d_merged]), opt.get_lr()
 
 
-def test_shared_weight_pp2_as_paddle():
-    for d_loss, d_param, lr in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B"), timeout=120):
+def _pp2_runs(rank, world):
+    """Both pp2 runs of this file in one launch: without a clip and with fleet's hybrid clip."""
+    return {clip: _fleet_shared_weight(rank, world, 1, "1F1B", clip) for clip in (None, 0.05)}
+
+
+@pytest.fixture(scope="module")
+def pp2():
+    """Every rank's results of ``_pp2_runs`` (one 2-rank launch for the module)."""
+    return run_ranks(_pp2_runs, world_size=2, timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_shared_weight_pp2_as_paddle(pp2):
+    for d_loss, d_param, lr in (out[None] for out in pp2):
         assert d_loss < 1e-5 and d_param < 1e-5
         assert abs(lr - 0.08) < 1e-12  # the scheduler stepped once per train_batch
 
@@ -71,9 +84,10 @@ def test_shared_weight_dp2_pp2_fthenb():
         assert d_loss < 1e-5 and d_param < 1e-5
 
 
-def test_fleet_optimizer_grad_clip_counts_shared_weight_once():
+@pytest.mark.timeout(400)
+def test_fleet_optimizer_grad_clip_counts_shared_weight_once(pp2):
     """fleet.distributed_optimizer's hybrid clip: the tied embedding, held by both stages, counts once."""
-    for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B", 0.05), timeout=120):
+    for d_loss, d_param, _ in (out[0.05] for out in pp2):
         assert d_loss < 1e-5 and d_param < 1e-5
 
 

@@ -53,8 +53,24 @@ def _mp_pp(rank, world, clip=None):
     return worst(d_loss), d_param
 
 
-@pytest.mark.parametrize("clip", [None, 0.05])
-def test_mp2_pp2_equals_single_process(clip):
+CLIPS = (None, 0.05)
+
+
+def _mp_pp_runs(rank, world):
+    """Both runs in one launch: without a clip and with one."""
+    return {clip: _mp_pp(rank, world, clip) for clip in CLIPS}
+
+
+@pytest.fixture(scope="module")
+def mp_pp():
+    """Every rank's results of ``_mp_pp_runs`` (one 4-rank launch for the module)."""
+    return run_ranks(_mp_pp_runs, world_size=4, timeout=400)
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("clip", CLIPS)
+def test_mp2_pp2_equals_single_process(clip, mp_pp):
     """With ``clip``: the global norm counts each slice once across mp and each stage's parameters once."""
-    for d_loss, d_param in run_ranks(_mp_pp, world_size=4, kwargs={"clip": clip}, timeout=240):
+    for out in mp_pp:
+        d_loss, d_param = out[clip]
         assert d_loss < 1e-5 and d_param < 1e-5

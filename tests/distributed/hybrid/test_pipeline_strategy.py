@@ -85,8 +85,21 @@ def _amp_bf16(rank, world):
     return dict(loss=worst(d_loss), param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
 
 
-def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
-    for r in run_ranks(_amp_bf16, world_size=2, timeout=120):
+def _pp2_runs(rank, world):
+    """The pp2 runs of this file that end normally, in one launch."""
+    return {"bf16": _amp_bf16(rank, world), "fp16": _amp_fp16(rank, world), "recompute": _recompute(rank, world,
+                                                                                                    ["0", "4"])}
+
+
+@pytest.fixture(scope="module")
+def pp2():
+    """Every rank's results of ``_pp2_runs`` (one 2-rank launch for the module)."""
+    return run_ranks(_pp2_runs, world_size=2, timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast(pp2):
+    for r in (out["bf16"] for out in pp2):
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5, r
         assert r["vs_fp32"] > 100 * max(r["param"], 1e-6), r  # autocast really ran
         assert r["dtypes"] == {torch.bfloat16}, r
@@ -124,8 +137,9 @@ def _amp_fp16(rank, world):
                 found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged, dtypes=dtypes)
 
 
-def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
-    for r in run_ranks(_amp_fp16, world_size=2, timeout=120):
+@pytest.mark.timeout(400)
+def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage(pp2):
+    for r in (out["fp16"] for out in pp2):
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5 and r["scale"] == r["ref_scale"] == 1024.0, r
         assert "scales the loss itself; drop scaler=" in r["passed_scaler"], r
         assert r["skipped"] and r["found_inf"] and r["unchanged"], r
@@ -145,9 +159,10 @@ def _recompute(rank, world, checkpoints):
                 recomputed=sorted(n for n, m in stage.named_modules() if n and is_recomputed(m)))
 
 
-def test_recompute_checkpoints_inside_pipeline_stages():
+@pytest.mark.timeout(400)
+def test_recompute_checkpoints_inside_pipeline_stages(pp2):
     # 5 layers on 2 stages: "0", "1" on stage 0; "2", "3", "4" on stage 1
-    out = run_ranks(_recompute, world_size=2, args=(["0", "4"],), timeout=120)
+    out = [r["recompute"] for r in pp2]
     for r in out:
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5, r
     assert out[0]["recomputed"] == ["0"] and out[1]["recomputed"] == ["4"]

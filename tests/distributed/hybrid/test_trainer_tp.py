@@ -3,6 +3,8 @@ exactly as one process does with the same model, weights, data and global batch:
 evaluate, predict in dataset order and the final (gathered) weights, within 1e-5; with the hybrid global-norm
 clip and the per-tensor clip of a slice (the full tensor's norm)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from hybrid_models import (
@@ -74,12 +76,31 @@ def _loaders(t):
     return out
 
 
-@pytest.mark.timeout(300)
+MP2 = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
+
+
+def _mp2_runs(rank, world, out_dir):
+    """Every mp2 run of this file in one launch: the Trainer with each clip, then Paddle's Model."""
+    out = {}
+    for clip in CLIPS:
+        (Path(out_dir) / clip).mkdir(exist_ok=True)
+        out[clip] = _tp(rank, world, MP2, clip, str(Path(out_dir) / clip))
+    out["hapi"] = _hapi(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mp2(tmp_path_factory):
+    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
+    return run_ranks(_mp2_runs, 2, args=(str(tmp_path_factory.mktemp("mp2")),), timeout=500)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("clip", ["global", "each"])
-def test_mp2_trainer_equals_one_process(clip, tmp_path):
+def test_mp2_trainer_equals_one_process(clip, mp2):
     ref = _reference(clip, BATCH)
-    for r in run_ranks(_tp, 2, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}, clip, str(tmp_path)),
-                       timeout=240):
+    for out in mp2:
+        r = out[clip]
         assert not compare(r, ref), compare(r, ref)
         assert r["predict"].shape[0] == N_EVAL
         _check_loaders(r, ref)
@@ -131,10 +152,11 @@ def _hapi(rank=0, world=1):
     return out
 
 
-@pytest.mark.timeout(300)
-def test_hapi_model_fit_evaluate_mp2():
+@pytest.mark.timeout(600)
+def test_hapi_model_fit_evaluate_mp2(mp2):
     ref = _hapi()
-    for r in run_ranks(_hapi, 2, timeout=240):
+    for out in mp2:
+        r = out["hapi"]
         assert abs(r["evaluate"]["loss"][0] - ref["evaluate"]["loss"][0]) <= 1e-5, (r["evaluate"], ref["evaluate"])
         assert abs(r["evaluate"]["acc"] - ref["evaluate"]["acc"]) <= 1e-5
         for k, w in ref["weights"].items():

@@ -5,7 +5,8 @@ Every hybrid model starts from the weights of a seeded single-process reference 
 tensor-parallel weight, one stage's layers of a pipeline: :func:`copy_from`), so a hybrid run and a one-process
 run must agree. The sections:
 
-- set-up: :func:`init_fleet` (fleet.init over a dict of degrees), :func:`local_slice`, :func:`copy_from`;
+- set-up: :func:`init_fleet` (fleet.init over a dict of degrees), :func:`local_slice`, :func:`copy_from`,
+  :func:`run_cases` (several runs in one launch);
 - a tensor-parallel language model (``TPModel``/``RefModel``) and its AdamW loop beside the reference;
 - the same layers inside pipeline stages (mp x pp: ``lm_descs``/``lm_reference``);
 - pipelines (``*_descs()``: Paddle-style layer descriptions; ``reference(kind)``: the same model written by hand,
@@ -70,6 +71,13 @@ def copy_from(model, ref, hcg=None, rename=lambda name: name):
     with torch.no_grad():
         for name, t in model.state_dict(keep_vars=True).items():
             t.copy_(local_slice(ref_state[rename(name)], t, hcg))
+
+
+def run_cases(rank, world, cases):
+    """Every case of ``cases`` (name -> (function, args, kwargs), each called as ``function(rank, world, *args,
+    **kwargs)``) on this rank, in order, by name: several tests' runs of one layout in one ``run_ranks`` launch
+    (module-level functions: run_ranks pickles them by name)."""
+    return {name: fn(rank, world, *args, **kwargs) for name, (fn, args, kwargs) in cases.items()}
 
 
 # -- a tensor-parallel language model -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from hybrid_models import RefModel, TPModel, copy_from, data, init_fleet
+from hybrid_models import RefModel, TPModel, copy_from, data, init_fleet, run_cases
 from parity import max_abs_diff
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
@@ -40,21 +40,17 @@ def _single_process_model():
     return RefModel()
 
 
-def _mp2_runs(rank, world, root):
-    """Every mp2 run of this file in one launch (each with its own checkpoint directory under ``root``)."""
-    return {"reload": _save_and_reload(rank, world, f"{root}/ckpt"), "full": _load_full(rank, world, f"{root}/full"),
-            "resume": _resume_source(rank, world, f"{root}/resume")}
-
-
 @pytest.fixture(scope="module")
 def mp2(tmp_path_factory):
-    """(the checkpoints' directory, every rank's results of ``_mp2_runs``): one 2-rank launch for the module;
-    ``full`` holds the single-process checkpoint the ranks load."""
+    """(the checkpoints' directory, every rank's results of the mp2 runs of this file, each with a directory of its
+    own there): one 2-rank launch for the module; ``full`` holds the single-process checkpoint the ranks load."""
     root = tmp_path_factory.mktemp("tp_ckpt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(_single_process_model().state_dict(), checkpoint_id=str(root / "full"), no_dist=True)
-    return root, run_ranks(_mp2_runs, world_size=2, args=(str(root),), timeout=500)
+    cases = {"reload": (_save_and_reload, (str(root / "ckpt"),), {}), "full": (_load_full, (str(root / "full"),), {}),
+             "resume": (_resume_source, (str(root / "resume"),), {})}
+    return root, run_ranks(run_cases, world_size=2, args=(cases,), timeout=500)
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hybrid_models import init_fleet
+from hybrid_models import init_fleet, run_cases
 from torch import nn
 
 from fleetlite.distributed.fleet.gradients import GradGroups, average_gradients, clip_by_global_norm, global_norm
@@ -80,15 +80,12 @@ def _mp(rank, world, degrees):
     return norms
 
 
-def _mp2_runs(rank, world):
-    """The mp2 runs of this file (and the plain average over the same two ranks) in one launch."""
-    return {"mp": _mp(rank, world, {"mp_degree": 2}), "nan": _nan(rank, world), "average": _average(rank, world)}
-
-
 @pytest.fixture(scope="module")
 def mp2():
-    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_mp2_runs, world_size=2, timeout=300)
+    """Every rank's results of the mp2 runs of this file (and the plain average over the same two ranks), by name:
+    one 2-rank launch for the module."""
+    cases = {"mp": (_mp, ({"mp_degree": 2},), {}), "nan": (_nan, (), {}), "average": (_average, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
 
 
 @pytest.mark.timeout(400)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hybrid_models import copy_from, init_fleet, local_slice
+from hybrid_models import copy_from, init_fleet, local_slice, run_cases
 from parity import max_abs_diff, worst
 
 import fleetlite.distributed.fleet as fleet
@@ -96,15 +96,11 @@ def _layers(rank, world):
     return out
 
 
-def _mp2_runs(rank, world):
-    """Every mp2 run of this file in one launch."""
-    return {"layers": _layers(rank, world), "tied": _tied(rank, world), "storage": _storage(rank, world)}
-
-
 @pytest.fixture(scope="module")
 def mp2():
-    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_mp2_runs, world_size=2, timeout=400)
+    """Every rank's results of the mp2 runs of this file, by name: one 2-rank launch for the module."""
+    cases = {"layers": (_layers, (), {}), "tied": (_tied, (), {}), "storage": (_storage, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=400)
 
 
 @pytest.mark.timeout(500)

@@ -15,6 +15,7 @@ from hybrid_models import (
     mlp_batch,
     mlp_descs,
     reference,
+    run_cases,
     tied_batch,
     tied_descs,
     tied_loss,
@@ -109,10 +110,6 @@ def _cases(world):
     return cases
 
 
-def _runs(rank, world):
-    return {name: fn(rank, world, *args, **kwargs) for name, (fn, args, kwargs) in _cases(world).items()}
-
-
 @pytest.fixture(scope="module")
 def runs():
     """``runs(world, name)``: each rank's result of the case ``name`` of ``_cases(world)``; the cases of a world size
@@ -121,7 +118,7 @@ def runs():
 
     def get(world, name):
         if world not in launched:
-            launched[world] = run_ranks(_runs, world_size=world, timeout=600)
+            launched[world] = run_ranks(run_cases, world_size=world, args=(_cases(world),), timeout=600)
         return [out[name] for out in launched[world]]
 
     return get

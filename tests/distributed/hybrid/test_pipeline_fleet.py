@@ -8,7 +8,7 @@ the single-process model's (Paddle asserts the same), here also the parameters, 
 
 import pytest
 import torch
-from hybrid_models import copy_from, init_fleet, reference, tied_batch, tied_descs, tied_loss
+from hybrid_models import copy_from, init_fleet, reference, run_cases, tied_batch, tied_descs, tied_loss
 from parity import max_abs_diff, worst
 
 from fleetlite.distributed import fleet
@@ -61,15 +61,12 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
     return worst(d_loss), worst([d_param, d_merged]), opt.get_lr()
 
 
-def _pp2_runs(rank, world):
-    """Both pp2 runs of this file in one launch: without a clip and with fleet's hybrid clip."""
-    return {clip: _fleet_shared_weight(rank, world, 1, "1F1B", clip) for clip in (None, 0.05)}
-
-
 @pytest.fixture(scope="module")
 def pp2():
-    """Every rank's results of ``_pp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_pp2_runs, world_size=2, timeout=300)
+    """Every rank's results of both pp2 runs of this file, without a clip and with fleet's hybrid clip (keys None
+    and 0.05): one 2-rank launch for the module."""
+    cases = {clip: (_fleet_shared_weight, (1, "1F1B", clip), {}) for clip in (None, 0.05)}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
 
 
 @pytest.mark.timeout(400)

@@ -12,6 +12,7 @@ from hybrid_models import (
     lm_loss,
     lm_reference,
     local_slice,
+    run_cases,
 )
 from parity import max_abs_diff, worst
 
@@ -56,15 +57,11 @@ def _mp_pp(rank, world, clip=None):
 CLIPS = (None, 0.05)
 
 
-def _mp_pp_runs(rank, world):
-    """Both runs in one launch: without a clip and with one."""
-    return {clip: _mp_pp(rank, world, clip) for clip in CLIPS}
-
-
 @pytest.fixture(scope="module")
 def mp_pp():
-    """Every rank's results of ``_mp_pp_runs`` (one 4-rank launch for the module)."""
-    return run_ranks(_mp_pp_runs, world_size=4, timeout=400)
+    """Every rank's results of both runs, without a clip and with one (keys: the clip): one 4-rank launch for the
+    module."""
+    return run_ranks(run_cases, world_size=4, args=({clip: (_mp_pp, (clip,), {}) for clip in CLIPS},), timeout=400)
 
 
 @pytest.mark.timeout(500)

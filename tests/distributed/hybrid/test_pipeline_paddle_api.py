@@ -24,6 +24,7 @@ from hybrid_models import (
     mlp_batch,
     mlp_descs,
     reference,
+    run_cases,
     tied_batch,
     tied_descs,
     tied_loss,
@@ -176,10 +177,6 @@ def _cases(world, tmp):
     return cases
 
 
-def _runs(rank, world, tmp):
-    return {name: fn(rank, world, *args, **kwargs) for name, (fn, args, kwargs) in _cases(world, tmp).items()}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``runs(world, name)``: each rank's result of the case ``name`` of ``_cases(world)``; the cases of a world size
@@ -189,7 +186,7 @@ def runs(tmp_path_factory):
     def get(world, name):
         if world not in launched:
             tmp = str(tmp_path_factory.mktemp(f"pipeline{world}"))
-            launched[world] = run_ranks(_runs, world_size=world, args=(tmp,), timeout=600)
+            launched[world] = run_ranks(run_cases, world_size=world, args=(_cases(world, tmp),), timeout=600)
         return [out[name] for out in launched[world]]
 
     return get

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from hybrid_models import copy_from, init_fleet, mlp_batch, mlp_descs, reference
+from hybrid_models import copy_from, init_fleet, mlp_batch, mlp_descs, reference, run_cases
 from parity import max_abs_diff, worst
 from torch import nn
 
@@ -85,16 +85,12 @@ def _amp_bf16(rank, world):
     return dict(loss=worst(d_loss), param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
 
 
-def _pp2_runs(rank, world):
-    """The pp2 runs of this file that end normally, in one launch."""
-    return {"bf16": _amp_bf16(rank, world), "fp16": _amp_fp16(rank, world), "recompute": _recompute(rank, world,
-                                                                                                    ["0", "4"])}
-
-
 @pytest.fixture(scope="module")
 def pp2():
-    """Every rank's results of ``_pp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_pp2_runs, world_size=2, timeout=300)
+    """Every rank's results of the pp2 runs of this file that end normally, by name: one 2-rank launch for the
+    module."""
+    cases = {"bf16": (_amp_bf16, (), {}), "fp16": (_amp_fp16, (), {}), "recompute": (_recompute, (["0", "4"],), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
 
 
 @pytest.mark.timeout(400)

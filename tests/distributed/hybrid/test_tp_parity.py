@@ -13,6 +13,7 @@ from hybrid_models import (
     data,
     init_fleet,
     max_param_diff,
+    run_cases,
     train_with_reference,
 )
 from parity import max_abs_diff, worst
@@ -48,16 +49,11 @@ def _train(rank, world, degrees):
                 local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
 
 
-def _mp2_runs(rank, world):
-    """Every mp2 run of this file in one launch."""
-    return {"train": _train(rank, world, {"mp_degree": 2}), "broadcast": _broadcast(rank, world),
-            "amp": _amp(rank, world)}
-
-
 @pytest.fixture(scope="module")
 def mp2():
-    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_mp2_runs, world_size=2, timeout=400)
+    """Every rank's results of the mp2 runs of this file, by name: one 2-rank launch for the module."""
+    cases = {"train": (_train, ({"mp_degree": 2},), {}), "broadcast": (_broadcast, (), {}), "amp": (_amp, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=400)
 
 
 @pytest.mark.timeout(500)

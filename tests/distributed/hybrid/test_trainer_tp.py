@@ -3,8 +3,6 @@ exactly as one process does with the same model, weights, data and global batch:
 evaluate, predict in dataset order and the final (gathered) weights, within 1e-5; with the hybrid global-norm
 clip and the per-tensor clip of a slice (the full tensor's norm)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from hybrid_models import (
@@ -15,6 +13,7 @@ from hybrid_models import (
     init_fleet,
     more_predictions,
     reference_net,
+    run_cases,
     run_trainer,
     stat_scores,
     tp_net,
@@ -79,20 +78,13 @@ def _loaders(t):
 MP2 = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
 
 
-def _mp2_runs(rank, world, out_dir):
-    """Every mp2 run of this file in one launch: the Trainer with each clip, then Paddle's Model."""
-    out = {}
-    for clip in CLIPS:
-        (Path(out_dir) / clip).mkdir(exist_ok=True)
-        out[clip] = _tp(rank, world, MP2, clip, str(Path(out_dir) / clip))
-    out["hapi"] = _hapi(rank, world)
-    return out
-
-
 @pytest.fixture(scope="module")
 def mp2(tmp_path_factory):
-    """Every rank's results of ``_mp2_runs`` (one 2-rank launch for the module)."""
-    return run_ranks(_mp2_runs, 2, args=(str(tmp_path_factory.mktemp("mp2")),), timeout=500)
+    """Every rank's results of the mp2 runs of this file, by name (the Trainer with each clip, then Paddle's Model):
+    one 2-rank launch for the module."""
+    cases = {clip: (_tp, (MP2, clip, str(tmp_path_factory.mktemp(clip))), {}) for clip in CLIPS}
+    cases["hapi"] = (_hapi, (), {})
+    return run_ranks(run_cases, 2, args=(cases,), timeout=500)
 
 
 @pytest.mark.timeout(600)

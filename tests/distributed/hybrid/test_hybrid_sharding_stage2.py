@@ -20,6 +20,7 @@ from hybrid_models import (
     init_fleet,
     max_param_diff,
     reference,
+    run_cases,
     tied_batch,
     tied_descs,
     tied_loss,
@@ -246,11 +247,6 @@ def _trainer(rank=0, world=1, kind="mp", clip="global"):
     return out
 
 
-def _trainer_runs(rank, world, kind, clips):
-    """The Trainer runs of one layout in one launch, a run per clip."""
-    return {clip: _trainer(rank, world, kind, clip) for clip in clips}
-
-
 @pytest.fixture(scope="module")
 def trainer_runs():
     """``trainer_runs(kind)``: every rank's results of that layout's runs (launched once for the module)."""
@@ -259,7 +255,8 @@ def trainer_runs():
     def get(kind):
         if kind not in runs:
             clips = list(CLIPS) if kind == "mp" else ["global"]
-            runs[kind] = run_ranks(_trainer_runs, 4, args=(kind, clips), timeout=500)
+            cases = {clip: (_trainer, (kind, clip), {}) for clip in clips}
+            runs[kind] = run_ranks(run_cases, 4, args=(cases,), timeout=500)
         return runs[kind]
 
     return get

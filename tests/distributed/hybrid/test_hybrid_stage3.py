@@ -19,6 +19,7 @@ from hybrid_models import (
     data,
     init_fleet,
     local_slice,
+    run_cases,
     train_with_reference,
 )
 from parity import max_abs_diff, worst
@@ -185,18 +186,16 @@ def _check_dcp(out, dirs):
                 assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
 
 
-def _mp2_sharding2_runs(rank, world, dirs):
-    """Every mp2 x sharding2 run of this file in one 4-rank launch: stage 3 through fleet (with the DCP round trip
-    through ``dirs``) and through group_sharded_parallel, then the Trainer."""
-    return {"fleet": _stage3(rank, world, "fleet", dirs), "group_sharded_parallel": _stage3(
-        rank, world, "group_sharded_parallel"), "trainer": _trainer(rank, world)}
-
-
 @pytest.fixture(scope="module")
 def mp2_sharding2(tmp_path_factory):
-    """(the DCP directories, every rank's results of ``_mp2_sharding2_runs``): one launch for the module."""
+    """(the DCP directories, every rank's results of the mp2 x sharding2 runs of this file): stage 3 through fleet
+    (with the DCP round trip through the directories) and through group_sharded_parallel, then the Trainer, in one
+    4-rank launch for the module."""
     dirs = _one_process_checkpoint(tmp_path_factory.mktemp("stage3"))  # DCP: to one process and back
-    return dirs, run_ranks(_mp2_sharding2_runs, world_size=4, args=(dirs,), timeout=600)
+    cases = {"fleet": (_stage3, ("fleet", dirs), {}),
+             "group_sharded_parallel": (_stage3, ("group_sharded_parallel",), {}),
+             "trainer": (_trainer, (), {})}
+    return dirs, run_ranks(run_cases, world_size=4, args=(cases,), timeout=600)
 
 
 @pytest.mark.timeout(700)

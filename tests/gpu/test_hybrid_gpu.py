@@ -1,6 +1,6 @@
 """Group B: hybrid parallel on two GPUs over NCCL, against one GPU running the whole model from the same weights.
 
-The CPU suite (tests/distributed/hybrid, tests/trainer/hybrid) holds the full set on gloo; these are the same
+The CPU suite (tests/distributed/hybrid) holds the full set on gloo; these are the same
 parity checks on CUDA and NCCL: tensor parallelism (mp = 2) through the fleet facade, a two-stage pipeline
 (pp = 2, 1F1B), and the Trainer fitting a tensor-parallel model. TF32 is off so float32 matmuls are exact enough
 for 1e-5.

@@ -18,7 +18,8 @@ from fleetlite.distributed.fleet.meta_parallel import PipelineLayer
 from fleetlite.testing import run_ranks
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "distributed", "hybrid"))
-from pipeline_models import VOCAB, copy_from, mlp_descs, reference, tied_descs  # noqa: E402
+from hybrid_models import PP_VOCAB as VOCAB  # noqa: E402
+from hybrid_models import copy_from, mlp_descs, reference, tied_descs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 ROWS, EPOCHS = 8, 2
@@ -70,8 +71,8 @@ def _pp2_tied(rank, world, save_dir):
     from hybrid_models import init_fleet
 
     torch.set_num_threads(1)
-    strategy = init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2},
-                          {"accumulate_steps": 2, "micro_batch_size": ROWS // 2})
+    init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}, {"accumulate_steps": 2, "micro_batch_size": ROWS // 2})
+    strategy = fleet_impl.user_strategy()
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), loss_fn=_tied_loss, topology=fleet_impl.get_hybrid_communicate_group()
                           .topology())
@@ -86,7 +87,6 @@ def _pp2_tied(rank, world, save_dir):
 
 @pytest.mark.timeout(300)
 def test_tied_pp2_checkpoint_loads_into_one_process_through_the_trainer(tmp_path):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid"))
     results = run_ranks(_pp2_tied, 2, args=(str(tmp_path),), timeout=240)
     weights, evaluation = results[0]
     fleet_impl._reset()

@@ -14,7 +14,7 @@ import fleetlite
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.testing import run_ranks
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "distributed", "hybrid"))
 from hybrid_models import all_stage_weights, dataset, init_fleet, pipeline_stage, reference_net  # noqa: E402
 
 PIPE = {"accumulate_steps": 2, "micro_batch_size": 4}
@@ -35,7 +35,8 @@ def _reference():
 
 def _retry(rank, world):
     torch.set_num_threads(1)
-    strategy = init_fleet(DEGREES, PIPE)
+    init_fleet(DEGREES, PIPE)
+    strategy = fleet_impl.user_strategy()
     stage = pipeline_stage(loss_fn=nn.CrossEntropyLoss())
     t = fleetlite.Trainer(stage, torch.optim.SGD(stage.parameters(), lr=0.1), nn.CrossEntropyLoss(),
                           strategy=strategy, device="cpu")

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hybrid_models import init_fleet, run_cases
 from torch import nn
 
-import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.gradients import GradGroups, average_gradients, clip_by_global_norm, global_norm
 from fleetlite.distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid, global_norm_hybrid
 from fleetlite.distributed.fleet.meta_parallel.hybrid_sharding import GRAD_GROUP_ATTR, PARTITION_ATTR
@@ -20,14 +19,6 @@ from fleetlite.testing import run_ranks
 NORMS = (2.0, 3.0, math.inf)
 # name -> (full shape, split axis under mp or None for replicated)
 LAYOUT = {"emb": ((8, 4), 0), "up": ((6, 4), 0), "down": ((4, 6), 1), "bias": ((4,), None), "scale": ((4,), None)}
-
-
-def _init(hybrid, **fields):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(**fields)
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group()
 
 
 def _full_grads():
@@ -74,7 +65,7 @@ def _check_norms(params, groups, ref_norms):
 
 
 def _mp(rank, world, degrees):
-    hcg = _init(degrees)
+    hcg = init_fleet(degrees)
     mp_rank, mp = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
     full = _full_grads()
     ref_norms, ref_clipped = _reference(full, max_norm=3.0)
@@ -89,10 +80,18 @@ def _mp(rank, world, degrees):
     return norms
 
 
-@pytest.mark.timeout(120)
-def test_mp2_global_norm_and_clip_equal_the_full_models():
+@pytest.fixture(scope="module")
+def mp2():
+    """Every rank's results of the mp2 runs of this file (and the plain average over the same two ranks), by name:
+    one 2-rank launch for the module."""
+    cases = {"mp": (_mp, ({"mp_degree": 2},), {}), "nan": (_nan, (), {}), "average": (_average, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_mp2_global_norm_and_clip_equal_the_full_models(mp2):
     ref = {p: float(v) for p, v in _reference(_full_grads(), 3.0)[0].items()}
-    for r in run_ranks(_mp, world_size=2, args=({"mp_degree": 2},), timeout=110):
+    for r in (out["mp"] for out in mp2):
         assert r == pytest.approx(ref, rel=1e-6), r
 
 
@@ -106,7 +105,7 @@ def test_mp2_dp2_counts_replicas_once_on_four_ranks():
 
 def _pp_tied(rank, world):
     """Stage 0 holds emb (the tied weight's first holder) and up; stage 1 holds emb's copy, down, bias, scale."""
-    hcg = _init({"pp_degree": 2})
+    hcg = init_fleet({"pp_degree": 2})
     stage = hcg.get_stage_id()
     full = _full_grads()
     ref_norms, ref_clipped = _reference(full, max_norm=3.0)
@@ -131,7 +130,7 @@ def test_pp2_with_a_tied_weight_counts_it_once():
 
 def _stage2_mp(rank, world):
     """mp2 × sharding2, stage 2: each parameter's gradient lives on its owner (the others None)."""
-    hcg = _init({"mp_degree": 2, "sharding_degree": 2}, sharding=True, sharding_configs={"stage": 2})
+    hcg = init_fleet({"mp_degree": 2, "sharding_degree": 2}, sharding=True, sharding_configs={"stage": 2})
     mp_rank, sh_rank, sh_group = (hcg.get_model_parallel_rank(), hcg.get_sharding_parallel_rank(),
                                   hcg.get_sharding_parallel_group())
     full = _full_grads()
@@ -255,7 +254,7 @@ def test_fsdp2_beside_mp2_on_four_ranks():
 
 
 def _nan(rank, world):
-    hcg = _init({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     params = _mp_params(_full_grads(), LAYOUT, rank, 2)
     if rank == 1:
         params["up"].grad[0, 0] = math.nan  # one element of one slice, on one rank
@@ -265,9 +264,9 @@ def _nan(rank, world):
     return {p: bool(v.isnan()) for p, v in norms.items()}, {k: bool(p.grad.isnan().all()) for k, p in params.items()}
 
 
-@pytest.mark.timeout(120)
-def test_a_nan_gradient_on_one_rank_gives_a_nan_norm_everywhere():
-    for nan_norms, nan_grads in run_ranks(_nan, world_size=2, timeout=110):
+@pytest.mark.timeout(400)
+def test_a_nan_gradient_on_one_rank_gives_a_nan_norm_everywhere(mp2):
+    for nan_norms, nan_grads in (out["nan"] for out in mp2):
         assert all(nan_norms.values()), nan_norms  # the max (inf) norm too: a MAX all-reduce alone drops a NaN
         assert all(nan_grads.values()), nan_grads  # as torch's clip_grad_norm_: NaN * coefficient
 
@@ -284,7 +283,7 @@ def _average(rank, world):
     return [p.grad.tolist() for p in ps]
 
 
-@pytest.mark.timeout(120)
-def test_average_gradients_divides_then_sums_and_fills_missing():
-    for r in run_ranks(_average, world_size=2, timeout=110):
+@pytest.mark.timeout(400)
+def test_average_gradients_divides_then_sums_and_fills_missing(mp2):
+    for r in (out["average"] for out in mp2):
         assert r == [[1.5] * 3, [[15.0, 15.0], [15.0, 15.0]], [0.5]], r

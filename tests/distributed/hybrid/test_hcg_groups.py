@@ -5,9 +5,9 @@ four-direction p2p groups, the sharding check group, and Paddle's hybrid_paralle
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import init_fleet
 
 import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.testing import run_ranks
 
 
@@ -22,11 +22,7 @@ def _sum(group, value):
 
 
 def _pp_mp(rank, world):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "pp_degree": 2, "mp_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "mp_degree": 2})
     pp_mp_ranks, pp_mp = hcg.create_fuse_group(["pipe", "model"])
     dp_pp_ranks, dp_pp = hcg.create_fuse_group(["data", "pipe"])
     errors = []
@@ -63,11 +59,7 @@ def test_pp2_mp2_fused_groups_and_p2p_neighbours_on_four_ranks():
 
 
 def _four_directions(rank, world):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "pp_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2})
     send_next, send_prev, recv_next, recv_prev = hcg.get_p2p_groups()
     # the stage-0 -> stage-1 pair: stage 0 sends on send_next, stage 1 receives on recv_prev
     t = torch.tensor([float(rank + 1)])

@@ -6,28 +6,37 @@ weights (AdamW, global-norm clipping), each sharding rank keeps the optimizer st
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    LM_MICRO,
+    LM_ROWS,
+    STEPS,
+    TP_VOCAB,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    lm_descs,
+    lm_loss,
+    lm_reference,
+    local_slice,
+    max_param_diff,
+    reference,
+    tied_batch,
+    tied_descs,
+    tied_loss,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from as pp_copy_from
-from pipeline_models import reference, tied_batch, tied_descs, tied_loss
-from tp_models import RefModel, TPModel, copy_from, data, max_param_diff, train_with_reference
 
 import fleetlite
 import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, TensorParallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer import callbacks as C
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
-
-STEPS, BATCH, CLIP = 5, 4, 0.3
-
-
-def _init(hybrid, **fields):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(**fields)
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group()
 
 
 def _state_split(opt, n_params, hcg):
@@ -48,7 +57,7 @@ def _groups(hcg):
 
 def _mp_sharding(rank, world, sharding_flag):
     fields = {"sharding": True} if sharding_flag else {}  # hybrid_configs' sharding_degree alone turns stage 1 on
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **fields)
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **fields)
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -87,11 +96,11 @@ def test_mp2_sharding2_stage1_trains_like_a_single_process_on_four_ranks():
 
 
 def _pp_sharding(rank, world):  # no strategy.sharding: hybrid_configs' sharding_degree turns stage 1 on
-    hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
-                pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2})
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
+                     pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2})
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
-    pp_copy_from(stage, ref)
+    copy_from(stage, ref)
     model = fleet.distributed_model(stage)
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     inner._grad_clip = ClipGradByGlobalNorm(0.5)
@@ -160,8 +169,8 @@ def test_hybrid_sharding_stage1_is_accepted():
 def _merge(rank, world):
     """mp2 × sharding2 with gradient merge (k=2): the engine over dp × sharding reduces the accumulated sum once
     per window, the sharded optimizer steps on it."""
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, gradient_merge=True,
-                gradient_merge_configs={"k_steps": 2, "avg": True})
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, gradient_merge=True,
+                     gradient_merge_configs={"k_steps": 2, "avg": True})
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -191,7 +200,7 @@ def test_mp2_sharding2_gradient_merge_on_four_ranks():
 
 def _dp_sharding(rank, world):
     """Paddle's ``{"dp_degree": 2, "sharding_degree": 2}``: stage 1 in sharding groups of 2, replicated over dp."""
-    hcg = _init({"dp_degree": 2, "sharding_degree": 2})
+    hcg = init_fleet({"dp_degree": 2, "sharding_degree": 2})
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
     net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
@@ -269,7 +278,7 @@ def _manual_sync(rank, world):
     """Paddle's manual pattern under mp2 × sharding2: no_sync, then fused_allreduce_gradients(params, hcg)."""
     from fleetlite.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2})
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2})
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -297,17 +306,12 @@ def test_mp2_sharding2_manual_fused_allreduce_on_four_ranks():
 
 def _mp_pp_sharding(rank, world):
     """mp2 × pp2 × sharding2: tensor-parallel layers inside pipeline stages, optimizer state sharded, clipped."""
-    from test_pipeline_mp import MICRO, ROWS, _descs, _loss, _reference
-    from tp_models import VOCAB, local_slice
-
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2},
-                pipeline_configs={"accumulate_steps": ROWS // MICRO, "micro_batch_size": MICRO})
-    ref = _reference()  # a plain torch model, trained below by a plain loop
-    stage = PipelineLayer(_descs(), topology=hcg.topology(), loss_fn=_loss)
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 2, "sharding_degree": 2},
+                     pipeline_configs={"accumulate_steps": LM_ROWS // LM_MICRO, "micro_batch_size": LM_MICRO})
+    ref = lm_reference()  # a plain torch model, trained below by a plain loop
+    stage = PipelineLayer(lm_descs(), topology=hcg.topology(), loss_fn=lm_loss)
+    copy_from(stage, ref, hcg)
     ref_params = dict(ref.named_parameters())
-    with torch.no_grad():
-        for name, p in stage.named_parameters():
-            p.copy_(local_slice(ref_params[name], p, hcg))
     model = fleet.distributed_model(stage)
     inner = torch.optim.AdamW(model.parameters(), lr=0.05)
     inner._grad_clip = ClipGradByGlobalNorm(0.05)
@@ -317,12 +321,13 @@ def _mp_pp_sharding(rank, world):
     g = torch.Generator().manual_seed(3)
     d_loss, d_norm = [], []
     for _ in range(3):
-        x = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
-        y = torch.randint(0, VOCAB, (ROWS * parts, 5), generator=g)
-        rows = slice(part * ROWS, (part + 1) * ROWS)
+        x = torch.randint(0, TP_VOCAB, (LM_ROWS * parts, 5), generator=g)
+        y = torch.randint(0, TP_VOCAB, (LM_ROWS * parts, 5), generator=g)
+        rows = slice(part * LM_ROWS, (part + 1) * LM_ROWS)
         loss = model.train_batch([x[rows], y[rows]], opt)
         ref_opt.zero_grad()
-        ref_losses = [_loss(ref(x[i * ROWS:(i + 1) * ROWS]), y[i * ROWS:(i + 1) * ROWS]) for i in range(parts)]
+        ref_losses = [lm_loss(ref(x[i * LM_ROWS:(i + 1) * LM_ROWS]), y[i * LM_ROWS:(i + 1) * LM_ROWS])
+                      for i in range(parts)]
         torch.stack(ref_losses).mean().backward()
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05).item()
         ref_opt.step()

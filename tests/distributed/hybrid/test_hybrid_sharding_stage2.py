@@ -5,18 +5,29 @@ the parameters its ZeroRedundancyOptimizer partition owns (the others None): abo
 bytes per rank. Gradient merge and the Trainer keep working; stage 3 runs beside mp or pp (test_hybrid_stage3.py,
 test_hybrid_stage3_pp.py), not beside both."""
 
-import sys
-from pathlib import Path
-
+import hybrid_models
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    STEPS,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    max_param_diff,
+    reference,
+    run_cases,
+    tied_batch,
+    tied_descs,
+    tied_loss,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from as pp_copy_from
-from pipeline_models import reference, tied_batch, tied_descs, tied_loss
-from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from tp_models import RefModel, TPModel, copy_from, data, max_param_diff, train_with_reference
 
 import fleetlite
 import fleetlite.distributed.fleet as fleet
@@ -24,9 +35,6 @@ from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel, TensorParallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer" / "hybrid"))
-import hybrid_models  # noqa: E402  (the Trainer's hybrid helpers: tests/trainer/hybrid)
 
 STAGE2 = {"sharding": True, "sharding_configs": {"stage": 2}}
 
@@ -50,8 +58,8 @@ def _ownership(params, opt, hcg):
 
 
 def _mp_stage2(rank, world, stage, dp=1):
-    hcg = _init({"dp_degree": dp, "mp_degree": 2, "sharding_degree": 2},
-                **({"sharding": True, "sharding_configs": {"stage": stage}}))
+    hcg = init_fleet({"dp_degree": dp, "mp_degree": 2, "sharding_degree": 2},
+                     **({"sharding": True, "sharding_configs": {"stage": stage}}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -110,7 +118,7 @@ def test_dp2_mp2_sharding2_stage2_on_eight_ranks():
 
 
 def _no_optimizer(rank, world):
-    _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
+    init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
     model = fleet.distributed_model(TPModel())
     ids, labels = data(1, BATCH)[0]
     model(ids, labels).backward()
@@ -123,11 +131,11 @@ def test_stage2_backward_before_the_optimizer_fails_on_every_rank_with_one_line(
 
 
 def _pp_stage2(rank, world):
-    hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
-                pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2}, **STAGE2)
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
+                     pipeline_configs={"accumulate_steps": 4, "micro_batch_size": 2}, **STAGE2)
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
-    pp_copy_from(stage, ref)
+    copy_from(stage, ref)
     model = fleet.distributed_model(stage)
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     inner._grad_clip = ClipGradByGlobalNorm(0.5)
@@ -171,8 +179,8 @@ def test_pp2_sharding2_stage2_keeps_only_owned_gradients_and_trains_like_one_pro
 def _merge_stage2(rank, world):
     """mp2 × sharding2 stage 2 with gradient merge (k=2): the window's first backward keeps full local gradients,
     the second reduces the accumulated sum to the owners."""
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, gradient_merge=True,
-                gradient_merge_configs={"k_steps": 2, "avg": True}, **STAGE2)
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, gradient_merge=True,
+                     gradient_merge_configs={"k_steps": 2, "avg": True}, **STAGE2)
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -224,13 +232,10 @@ def _trainer(rank=0, world=1, kind="mp", clip="global"):
             out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
         else:
             torch.set_num_threads(1)
-            fleet_impl._reset()
-            strategy = fleet.DistributedStrategy(**STAGE2)
-            strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2 if kind == "mp" else 1,
-                                       "pp_degree": 2 if kind == "pp" else 1, "sharding_degree": 2}
-            if kind == "pp":
-                strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": 4}
-            fleet.init(is_collective=True, strategy=strategy)
+            init_fleet({"dp_degree": 1, "mp_degree": 2 if kind == "mp" else 1, "pp_degree": 2 if kind == "pp" else 1,
+                       "sharding_degree": 2}, {"accumulate_steps": 2, "micro_batch_size": 4} if kind == "pp" else None,
+                       **STAGE2)
+            strategy = fleet.user_strategy()
             net = hybrid_models.tp_net() if kind == "mp" else hybrid_models.pipeline_stage(loss_fn=None)
             t, out = hybrid_models.run_trainer(net, strategy, 8, 8, clip=CLIPS[clip], loss=loss)
             out["weights"] = hybrid_models.full_tp_weights(net) if kind == "mp" else \
@@ -242,11 +247,26 @@ def _trainer(rank=0, world=1, kind="mp", clip="global"):
     return out
 
 
-@pytest.mark.timeout(400)
+@pytest.fixture(scope="module")
+def trainer_runs():
+    """``trainer_runs(kind)``: every rank's results of that layout's runs (launched once for the module)."""
+    runs = {}
+
+    def get(kind):
+        if kind not in runs:
+            clips = list(CLIPS) if kind == "mp" else ["global"]
+            cases = {clip: (_trainer, (kind, clip), {}) for clip in clips}
+            runs[kind] = run_ranks(run_cases, 4, args=(cases,), timeout=500)
+        return runs[kind]
+
+    return get
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind, clip", [("mp", "global"), ("mp", "each"), ("pp", "global")])
-def test_trainer_sharding2_stage2_equals_one_process(kind, clip):
+def test_trainer_sharding2_stage2_equals_one_process(kind, clip, trainer_runs):
     ref = _trainer(clip=clip)
-    for r in run_ranks(_trainer, 4, args=(kind, clip), timeout=300):
+    for r in (out[clip] for out in trainer_runs(kind)):
         assert not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
         assert r["zero"] == "ZeroRedundancyOptimizer"
         assert r["freed"] and all(n > 0 for n in r["freed"]), r["freed"]  # every step: non-owned gradients freed
@@ -288,7 +308,7 @@ def _manual_stage2(rank, world):
     gradient, and the clip's norm still counts each once (only the owned ones)."""
     from fleetlite.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 
-    hcg = _init({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 2, "sharding_degree": 2}, **STAGE2)
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -324,12 +344,10 @@ def _trainer_accumulate(rank=0, world=1):
     torch.set_num_threads(1)
     fleet_impl._reset()
     if world > 1:
-        strategy = fleet.DistributedStrategy(**STAGE2)
-        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1, "sharding_degree": 2}
-        fleet.init(is_collective=True, strategy=strategy)
+        init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1, "sharding_degree": 2}, **STAGE2)
     net = hybrid_models.tp_net() if world > 1 else hybrid_models.reference_net()
     opt = torch.optim.AdamW(net.parameters(), lr=0.02)
-    t = fleetlite.Trainer(net, opt, torch.nn.CrossEntropyLoss(), strategy=strategy if world > 1 else None,
+    t = fleetlite.Trainer(net, opt, torch.nn.CrossEntropyLoss(), strategy=fleet.user_strategy() if world > 1 else None,
                           device="cpu")
     t.compile(global_clipnorm=0.05)
     t.fit(hybrid_models.dataset(48, 1), epochs=1, batch_size=4 if world > 1 else 8, accumulate_grad_batches=2,

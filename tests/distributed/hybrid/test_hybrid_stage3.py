@@ -5,15 +5,24 @@ weights on the global batch (AdamW, global-norm clipping of the whole model), ev
 the reference's; each rank holds a quarter of the model (half of mp2 × dp2's parameter bytes); the full state
 gathers to the single-process model's state and loads back into the shards."""
 
-import sys
-from pathlib import Path
-
+import hybrid_models
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    STEPS,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    local_slice,
+    run_cases,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from test_hybrid_sharding import BATCH, CLIP, STEPS, _init
-from tp_models import RefModel, TPModel, copy_from, data, local_slice, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -21,9 +30,6 @@ from fleetlite.distributed.fleet.meta_parallel.hybrid_stage3 import HybridStage3
 from fleetlite.distributed.sharding import group_sharded_parallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer" / "hybrid"))
-import hybrid_models  # noqa: E402  (the Trainer's hybrid helpers: tests/trainer/hybrid)
 
 # the single-process side of the DCP checks; FSDP2's notice that a unit returned a view (nothing edits it in place)
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized"),
@@ -92,7 +98,7 @@ def _dcp_load(model, opt, hcg, load_dir):
 
 
 def _stage3(rank, world, api, dirs=None, hybrid=MP2_SHARDING2):
-    hcg = _init(hybrid, **(STAGE3 if api == "fleet" else {}))
+    hcg = init_fleet(hybrid, **(STAGE3 if api == "fleet" else {}))
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)
@@ -180,12 +186,24 @@ def _check_dcp(out, dirs):
                 assert max_abs_diff(v, one["optim"][f"state.{name}.{k}"]) <= 1e-5, (name, k)
 
 
-@pytest.mark.timeout(300)
+@pytest.fixture(scope="module")
+def mp2_sharding2(tmp_path_factory):
+    """(the DCP directories, every rank's results of the mp2 x sharding2 runs of this file): stage 3 through fleet
+    (with the DCP round trip through the directories) and through group_sharded_parallel, then the Trainer, in one
+    4-rank launch for the module."""
+    dirs = _one_process_checkpoint(tmp_path_factory.mktemp("stage3"))  # DCP: to one process and back
+    cases = {"fleet": (_stage3, ("fleet", dirs), {}),
+             "group_sharded_parallel": (_stage3, ("group_sharded_parallel",), {}),
+             "trainer": (_trainer, (), {})}
+    return dirs, run_ranks(run_cases, world_size=4, args=(cases,), timeout=600)
+
+
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("api", ["fleet", "group_sharded_parallel"])
-def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, tmp_path):
-    dirs = _one_process_checkpoint(tmp_path) if api == "fleet" else None  # DCP: to one process and back
-    out = run_ranks(_stage3, world_size=4, args=(api, dirs), timeout=290)
-    if dirs is not None:
+def test_mp2_sharding2_stage3_trains_like_one_process_on_a_quarter_of_the_model(api, mp2_sharding2):
+    dirs, runs = mp2_sharding2
+    out = [r[api] for r in runs]
+    if api == "fleet":
         _check_dcp(out, dirs)
     for r in out:
         assert r["stage3"], r
@@ -228,19 +246,17 @@ def _trainer(rank=0, world=1):
         out["weights"] = {k: v.detach().clone() for k, v in net.named_parameters()}
         return out
     torch.set_num_threads(1)
-    strategy = fleet.DistributedStrategy(**STAGE3)
-    strategy.hybrid_configs = {"dp_degree": 1, **MP2_SHARDING2}
-    fleet.init(is_collective=True, strategy=strategy)
-    t, out = hybrid_models.run_trainer(hybrid_models.tp_net(), strategy, 8, 8, clip=clip, loss=loss)
+    init_fleet({"dp_degree": 1, **MP2_SHARDING2}, **STAGE3)
+    t, out = hybrid_models.run_trainer(hybrid_models.tp_net(), fleet.user_strategy(), 8, 8, clip=clip, loss=loss)
     out["weights"] = {hybrid_models._ref_name(k): v for k, v in t.parallel_network.full_state_dict().items()}
     out["stage3"] = isinstance(t.parallel_network, HybridStage3)
     return out
 
 
-@pytest.mark.timeout(400)
-def test_trainer_on_mp2_sharding2_stage3_equals_one_process():
+@pytest.mark.timeout(700)
+def test_trainer_on_mp2_sharding2_stage3_equals_one_process(mp2_sharding2):
     ref = _trainer()
-    for r in run_ranks(_trainer, 4, timeout=300):
+    for r in (out["trainer"] for out in mp2_sharding2[1]):
         assert r["stage3"] and not hybrid_models.compare(r, ref), hybrid_models.compare(r, ref)
 
 

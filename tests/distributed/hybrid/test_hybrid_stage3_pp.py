@@ -7,9 +7,8 @@ reference's; the full state gathers to the single-process model's state and load
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import copy_from, init_fleet, mlp_batch, mlp_descs, reference, tied_descs, tied_loss
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from, mlp_batch, mlp_descs, reference, tied_descs, tied_loss
-from test_hybrid_sharding import _init
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet
@@ -38,9 +37,9 @@ def _shard_diff(stage, ref, hcg):
 
 
 def _pp2_stage3(rank, world, fleet_optimizer):
-    hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2}, sharding=True,
-                sharding_configs={"stage": 3}, pipeline_configs={"accumulate_steps": ROWS // MICRO,
-                                                                  "micro_batch_size": MICRO})
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2},
+                     {"accumulate_steps": ROWS // MICRO, "micro_batch_size": MICRO}, sharding=True,
+                     sharding_configs={"stage": 3})
     ref = reference("mlp")
     torch.manual_seed(1 + rank)  # stages build from different seeds: the copy below must set every weight
     stage = PipelineLayer(mlp_descs(), topology=hcg.topology(), loss_fn=nn.CrossEntropyLoss())
@@ -99,8 +98,8 @@ def test_stage3_beside_pp_and_mp_together_fails_with_one_line():
 
 
 def _tied_stage3(rank, world):
-    hcg = _init({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2}, sharding=True,
-                sharding_configs={"stage": 3})
+    hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2}, sharding=True,
+                     sharding_configs={"stage": 3})
     try:
         fleet.distributed_model(PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss))
     except NotImplementedError as e:

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hybrid_models import copy_from, init_fleet, local_slice, run_cases
 from parity import max_abs_diff, worst
-from tp_models import init_mp, local_slice
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -26,10 +26,8 @@ def _last(t, hcg):
 
 
 def _linear_case(layer, ref, hcg, x, parallel_in=False):
+    copy_from(layer, ref, hcg)
     ref_params = dict(ref.named_parameters())
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            p.copy_(local_slice(ref_params[name], p, hcg))
     xin = x.clone().requires_grad_(True)
     xr = x.clone().requires_grad_(True)
     out, out_ref = layer(_last(xin, hcg) if parallel_in else xin), ref(xr)
@@ -45,7 +43,7 @@ def _linear_case(layer, ref, hcg, x, parallel_in=False):
 
 
 def _layers(rank, world):
-    hcg = init_mp({"mp_degree": world})
+    hcg = init_fleet({"mp_degree": world})
     torch.manual_seed(0)
     x = torch.randn(3, 4, 8)
     out = {}
@@ -98,9 +96,16 @@ def _layers(rank, world):
     return out
 
 
-@pytest.mark.timeout(200)
-def test_mp_layers_equal_single_process_layers_on_two_ranks():
-    res = run_ranks(_layers, world_size=2, timeout=190)
+@pytest.fixture(scope="module")
+def mp2():
+    """Every rank's results of the mp2 runs of this file, by name: one 2-rank launch for the module."""
+    cases = {"layers": (_layers, (), {}), "tied": (_tied, (), {}), "storage": (_storage, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=400)
+
+
+@pytest.mark.timeout(500)
+def test_mp_layers_equal_single_process_layers_on_two_ranks(mp2):
+    res = [r["layers"] for r in mp2]
     for r in res:
         for key in ("column_gather", "column_split", "row", "row_parallel_in", "embedding", "cross_entropy"):
             assert r[key] <= 1e-5, (key, r[key])
@@ -146,7 +151,7 @@ def test_paddles_mpu_import_path_names_the_same_objects():
 
 
 def _tied(rank, world):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(0)
     ref = nn.Embedding(10, 4)
     emb = mpu.VocabParallelEmbedding(10, 4)
@@ -162,22 +167,22 @@ def _tied(rank, world):
     return worst([_diff(loss, ref_loss), _diff(emb.weight.grad, local_slice(ref.weight.grad, emb.weight, hcg))])
 
 
-@pytest.mark.timeout(120)
-def test_tied_embedding_and_head_share_one_slice_and_its_gradient():
-    for diff in run_ranks(_tied, world_size=2, timeout=110):
+@pytest.mark.timeout(500)
+def test_tied_embedding_and_head_share_one_slice_and_its_gradient(mp2):
+    for diff in (r["tied"] for r in mp2):
         assert diff <= 1e-5, diff
 
 
 def _storage(rank, world):
-    init_mp({"mp_degree": 2})
+    init_fleet({"mp_degree": 2})
     layers = (mpu.ColumnParallelLinear(8, 6, has_bias=True, gather_output=False),
               mpu.RowParallelLinear(6, 8, has_bias=True, input_is_parallel=True), mpu.VocabParallelEmbedding(10, 4))
     return [(p.numel() * p.element_size(), p.untyped_storage().nbytes()) for m in layers for p in m.parameters()]
 
 
-@pytest.mark.timeout(120)
-def test_a_slice_holds_only_its_own_storage():
+@pytest.mark.timeout(500)
+def test_a_slice_holds_only_its_own_storage(mp2):
     """Each rank keeps its slice, not a view into the full weight it was cut from (that would keep the whole
     weight in memory: tensor parallelism would save nothing)."""
-    for sizes in run_ranks(_storage, world_size=2, timeout=110):
+    for sizes in (r["storage"] for r in mp2):
         assert all(own == storage for own, storage in sizes), sizes

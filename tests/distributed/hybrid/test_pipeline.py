@@ -8,18 +8,19 @@ reference run on the whole batch (micro-batches of equal size: the mean of their
 import pytest
 import torch
 import torch.distributed as td
-from parity import max_abs_diff, worst
-from pipeline_models import (
+from hybrid_models import (
     copy_from,
     embedding_layers,
     embedding_loss,
     mlp_batch,
     mlp_descs,
     reference,
+    run_cases,
     tied_batch,
     tied_descs,
     tied_loss,
 )
+from parity import max_abs_diff, worst
 from torch import nn
 
 from fleetlite.distributed import fleet
@@ -29,6 +30,7 @@ from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 STEPS, ROWS, MICRO = 4, 8, 2
 TOL = 1e-5
+KINDS, SCHEDULES = ("mlp", "tied", "embedding"), ("1F1B", "FThenB")
 
 
 def _models(kind):
@@ -91,10 +93,42 @@ def _parity(rank, world, kind, schedule, pp, scaler=False, clip=None, recompute=
             "total": sum(p.numel() for p in ref.parameters())}
 
 
-@pytest.mark.parametrize("schedule", ["1F1B", "FThenB"])
-@pytest.mark.parametrize("kind", ["mlp", "tied", "embedding"])
-def test_pp2_equals_single_process(kind, schedule):
-    results = run_ranks(_parity, world_size=2, args=(kind, schedule, 2), timeout=120)
+def _cases(world):
+    """Every run of this file on ``world`` ranks that ends normally, by name: (function, args, kwargs)."""
+    if world == 4:
+        cases = {("pp4", schedule): (_parity, ("tied", schedule, 4), {}) for schedule in SCHEDULES}
+        cases["dp2_pp2"] = (_parity, ("tied", "1F1B", 2), {})
+        cases["clip"] = (_parity, ("tied", "1F1B", 2), {"clip": 0.05})
+        return cases
+    cases = {(kind, schedule): (_parity, (kind, schedule, 2), {}) for kind in KINDS for schedule in SCHEDULES}
+    cases["scaler"] = (_parity, ("tied", "1F1B", 2, True), {})
+    cases["clip"] = (_parity, ("tied", "1F1B", 2), {"clip": 0.05})
+    cases["recompute"] = (_parity, ("mlp", "1F1B", 2), {"recompute": 1})
+    for kind in ("mlp", "tied"):
+        for evaluate in (False, True):
+            cases[("eval", kind, evaluate)] = (_eval_between_steps, (evaluate, kind), {})
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """``runs(world, name)``: each rank's result of the case ``name`` of ``_cases(world)``; the cases of a world size
+    run in one launch for the module."""
+    launched = {}
+
+    def get(world, name):
+        if world not in launched:
+            launched[world] = run_ranks(run_cases, world_size=world, args=(_cases(world),), timeout=600)
+        return [out[name] for out in launched[world]]
+
+    return get
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_pp2_equals_single_process(kind, schedule, runs):
+    results = runs(2, (kind, schedule))
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL and r["out"] < TOL, results
     if kind == "mlp":  # each stage holds only its own layers
@@ -102,37 +136,42 @@ def test_pp2_equals_single_process(kind, schedule):
         assert sum(r["local"] for r in results) == results[0]["total"]
 
 
-@pytest.mark.parametrize("schedule", ["1F1B", "FThenB"])
-def test_pp4_equals_single_process(schedule):
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_pp4_equals_single_process(schedule, runs):
     """Four stages, one layer each: the tied weight is shared by the first and the last stage only."""
-    results = run_ranks(_parity, world_size=4, args=("tied", schedule, 4), timeout=240)
+    results = runs(4, ("pp4", schedule))
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL and r["out"] < TOL, results
 
 
-def test_dp2_pp2_equals_single_process():
-    results = run_ranks(_parity, world_size=4, args=("tied", "1F1B", 2), timeout=240)
+@pytest.mark.timeout(700)
+def test_dp2_pp2_equals_single_process(runs):
+    results = runs(4, "dp2_pp2")
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL, results
 
 
-def test_pp2_with_distributed_scaler_equals_single_process():
-    results = run_ranks(_parity, world_size=2, args=("tied", "1F1B", 2, True), timeout=120)
+@pytest.mark.timeout(700)
+def test_pp2_with_distributed_scaler_equals_single_process(runs):
+    results = runs(2, "scaler")
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL and r["eval"] < TOL, results
         assert r["scale"] == 1024.0  # no inf step: the scale did not back off on any stage
 
 
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("world", [2, 4])
-def test_global_norm_clip_across_stages(world):
+def test_global_norm_clip_across_stages(world, runs):
     """The tied model: the shared embedding counts once in the norm although two stages hold it."""
-    results = run_ranks(_parity, world_size=world, args=("tied", "1F1B", 2), kwargs={"clip": 0.05}, timeout=240)
+    results = runs(world, "clip")
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL, results
 
 
-def test_recompute_interval_equals_single_process():
-    results = run_ranks(_parity, world_size=2, args=("mlp", "1F1B", 2), kwargs={"recompute": 1}, timeout=120)
+@pytest.mark.timeout(700)
+def test_recompute_interval_equals_single_process(runs):
+    results = runs(2, "recompute")
     for r in results:
         assert r["loss"] < TOL and r["param"] < TOL, results
 
@@ -223,14 +262,13 @@ def _eval_between_steps(rank, world, evaluate, kind):
     return {k: v.clone() for k, v in stage.state_dict().items()}, outs
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("kind", ["mlp", "tied"])
-def test_evaluating_between_steps_does_not_change_training(kind):
+def test_evaluating_between_steps_does_not_change_training(kind, runs):
     """An eval_batch (its schedule runs forward only) between train_batch calls leaves the training as it was:
     the weights after the steps equal a run without evaluation, bit for bit, and the loss-free outputs of the
     last stage are the model's."""
-    plain = run_ranks(_eval_between_steps, 2, args=(False, kind), timeout=100)
-    evaluated = run_ranks(_eval_between_steps, 2, args=(True, kind), timeout=100)
+    plain, evaluated = runs(2, ("eval", kind, False)), runs(2, ("eval", kind, True))
     for (w0, _), (w1, _outs) in zip(plain, evaluated):
         for k in w0:
             assert torch.equal(w0[k], w1[k]), k

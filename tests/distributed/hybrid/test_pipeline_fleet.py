@@ -6,9 +6,10 @@ two stages, inputs ``(x1, x2)`` and labels ``(y1,)``, SGD with a stepped learnin
 the single-process model's (Paddle asserts the same), here also the parameters, and with dp=2 x pp=2 on 4 ranks.
 """
 
+import pytest
 import torch
+from hybrid_models import copy_from, init_fleet, reference, run_cases, tied_batch, tied_descs, tied_loss
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from, reference, tied_batch, tied_descs, tied_loss
 
 from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet.meta_parallel import PipelineLayer, PipelineParallel
@@ -19,12 +20,8 @@ BATCH, MICRO, STEPS = 8, 2, 5
 
 
 def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": world // dp}
-    strategy.pipeline_configs = {"accumulate_steps": BATCH // MICRO, "micro_batch_size": MICRO,
-                                 "schedule_mode": schedule_mode}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": dp, "mp_degree": 1, "pp_degree": world // dp},
+                     {"accumulate_steps": BATCH // MICRO, "micro_batch_size": MICRO, "schedule_mode": schedule_mode})
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss)
     copy_from(stage, ref)
@@ -64,8 +61,17 @@ def _fleet_shared_weight(rank, world, dp, schedule_mode, clip=None):
     return worst(d_loss), worst([d_param, d_merged]), opt.get_lr()
 
 
-def test_shared_weight_pp2_as_paddle():
-    for d_loss, d_param, lr in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B"), timeout=120):
+@pytest.fixture(scope="module")
+def pp2():
+    """Every rank's results of both pp2 runs of this file, without a clip and with fleet's hybrid clip (keys None
+    and 0.05): one 2-rank launch for the module."""
+    cases = {clip: (_fleet_shared_weight, (1, "1F1B", clip), {}) for clip in (None, 0.05)}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_shared_weight_pp2_as_paddle(pp2):
+    for d_loss, d_param, lr in (out[None] for out in pp2):
         assert d_loss < 1e-5 and d_param < 1e-5
         assert abs(lr - 0.08) < 1e-12  # the scheduler stepped once per train_batch
 
@@ -75,9 +81,10 @@ def test_shared_weight_dp2_pp2_fthenb():
         assert d_loss < 1e-5 and d_param < 1e-5
 
 
-def test_fleet_optimizer_grad_clip_counts_shared_weight_once():
+@pytest.mark.timeout(400)
+def test_fleet_optimizer_grad_clip_counts_shared_weight_once(pp2):
     """fleet.distributed_optimizer's hybrid clip: the tied embedding, held by both stages, counts once."""
-    for d_loss, d_param, _ in run_ranks(_fleet_shared_weight, world_size=2, args=(1, "1F1B", 0.05), timeout=120):
+    for d_loss, d_param, _ in (out[0.05] for out in pp2):
         assert d_loss < 1e-5 and d_param < 1e-5
 
 

@@ -17,19 +17,20 @@ replica (Paddle's: each micro-batch loss divided by ``accumulate_steps``, averag
 import pytest
 import torch
 import torch.distributed as td
-from parity import max_abs_diff, worst
-from pipeline_models import (
+from hybrid_models import (
     copy_from,
     deep_descs,
+    init_fleet,
     mlp_batch,
     mlp_descs,
     reference,
-    reference_more,
+    run_cases,
     tied_batch,
     tied_descs,
     tied_loss,
     tied_tail_descs,
 )
+from parity import max_abs_diff, worst
 from torch import nn
 
 from fleetlite.distributed import fleet
@@ -53,10 +54,10 @@ def _square(out, y):
 def _model(kind):
     """(descs, reference, batch, loss functions)."""
     if kind == "tied_tail":
-        return tied_tail_descs, lambda: reference_more("tied_tail"), tied_batch, [tied_loss]
+        return tied_tail_descs, lambda: reference("tied_tail"), tied_batch, [tied_loss]
     if kind == "mlp":
         return mlp_descs, lambda: reference("mlp"), mlp_batch, [_ce]
-    return deep_descs, lambda: reference_more("deep"), mlp_batch, [_ce]
+    return deep_descs, lambda: reference("deep"), mlp_batch, [_ce]
 
 
 def _micro(value, n):
@@ -157,11 +158,44 @@ def _ok(results, keys=("loss", "param", "eval")):
             assert r[k] < TOL, (k, results)
 
 
+
+def _cases(world, tmp):
+    """Every pipeline run of this file on ``world`` ranks without fleet, by name: (function, args, kwargs)."""
+    if world == 4:
+        return {"vpp_dp2": (_train, ("deep", 2, 2, 2, "VPP"), {}), "pp4_v2": (_train, ("deep", 4, 4, 2, "VPP"), {})}
+    cases = {("vpp", mode): (_train, ("deep", 2, 4, 2, mode), {"ckpt": f"{tmp}/{mode}"}) for mode in ("VPP", "FThenB")}
+    cases["tied_tail"] = (_train, ("tied_tail", 2, 2, 2, "1F1B", [0, 1, 2, 3]), {})
+    cases["seg_list"] = (_train, ("mlp", 2, 4, None, "1F1B", [0, 1]), {})
+    for virtual in (None, 2):
+        cases[("one_micro", virtual)] = (_train, ("deep", 2, 1, virtual, "1F1B"), {})
+        cases[("amp", virtual)] = (_amp, (virtual,), {})
+    for kind in ("mlp", "tied_tail"):
+        seg = [0, 2] if kind == "tied_tail" else "uniform"
+        cases[("list", kind)] = (_train, (kind, 2, 4, None, "1F1B", seg), {"form": "list"})
+    for idx in (0, 1):
+        cases[("loss_fn_idx", idx)] = (_train, ("mlp", 2, 4), {"two_losses": True, "loss_fn_idx": idx})
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(world, name)``: each rank's result of the case ``name`` of ``_cases(world)``; the cases of a world size
+    run in one launch for the module."""
+    launched = {}
+
+    def get(world, name):
+        if world not in launched:
+            tmp = str(tmp_path_factory.mktemp(f"pipeline{world}"))
+            launched[world] = run_ranks(run_cases, world_size=world, args=(_cases(world, tmp),), timeout=600)
+        return [out[name] for out in launched[world]]
+
+    return get
+
 # -- interleaved schedules -----------------------------------------------------------------------------------------
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("mode", ["VPP", "FThenB"])
-def test_interleaved_pp2_v2_equals_single_process(mode, tmp_path):
-    results = run_ranks(_train, world_size=2, args=("deep", 2, 4, 2, mode), kwargs={"ckpt": str(tmp_path / "c")},
-                        timeout=180)
+def test_interleaved_pp2_v2_equals_single_process(mode, runs):
+    results = runs(2, ("vpp", mode))
     _ok(results, ("loss", "micro", "param", "eval", "full", "loaded", "dcp"))
     assert all(r["keys"] for r in results)
     # Paddle's interleave: 8 layers in 4 chunks of 2; chunks 0 and 2 on stage 0, 1 and 3 on stage 1, named by
@@ -171,16 +205,18 @@ def test_interleaved_pp2_v2_equals_single_process(mode, tmp_path):
     assert results[0]["chunks"] == [["0.bias", "0.weight"], ["4.bias", "4.weight"]]
 
 
-def test_interleaved_tied_layer_in_two_chunks_of_one_stage():
+@pytest.mark.timeout(700)
+def test_interleaved_tied_layer_in_two_chunks_of_one_stage(runs):
     """The embedding (chunk 0) and its tied head (chunk 2) on stage 0: one weight, its gradient from both."""
-    results = run_ranks(_train, world_size=2, args=("tied_tail", 2, 2, 2, "1F1B", [0, 1, 2, 3]), timeout=180)
+    results = runs(2, "tied_tail")
     _ok(results)
     assert results[0]["names"] == ["shared_layers.embed.word_embeddings.weight"]
     assert results[1]["names"] == ["1.fc.bias", "1.fc.weight", "3.alpha"]
 
 
-def test_interleaved_pp2_v2_with_data_parallel():
-    results = run_ranks(_train, world_size=4, args=("deep", 2, 2, 2, "VPP"), timeout=240)
+@pytest.mark.timeout(700)
+def test_interleaved_pp2_v2_with_data_parallel(runs):
+    results = runs(4, "vpp_dp2")
     _ok(results)
 
 
@@ -188,11 +224,8 @@ def _fleet_vpp(rank, world, clip):
     """Paddle's workflow: strategy schedule_mode "VPP", PipelineLayer(topology=hcg.topology(),
     num_virtual_pipeline_stages=2), fleet.distributed_model / distributed_optimizer (its hybrid clip); the tied
     embedding (chunk 0, stage 0) and head (chunk 3, stage 1)."""
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
-    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2},
+                     {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"})
     ref = reference("tied")
     stage = PipelineLayer(tied_descs(), topology=hcg.topology(), loss_fn=tied_loss, num_virtual_pipeline_stages=2)
     copy_from(stage, ref)
@@ -222,15 +255,17 @@ def test_fleet_vpp_tied_layers_with_hybrid_clip():
 
 
 # -- fewer micro-batches than stages -------------------------------------------------------------------------------
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("virtual", [None, 2])
-def test_one_micro_batch_on_pp2(virtual):
+def test_one_micro_batch_on_pp2(virtual, runs):
     """accumulate_steps=1 on pp2 (torch's Schedule1F1B refuses it; Paddle's 1F1B runs it)."""
-    results = run_ranks(_train, world_size=2, args=("deep", 2, 1, virtual, "1F1B"), timeout=180)
+    results = runs(2, ("one_micro", virtual))
     _ok(results, ("loss", "micro", "param", "eval"))
 
 
 # -- seg_method as boundaries --------------------------------------------------------------------------------------
-def test_seg_method_list_of_boundaries():
+@pytest.mark.timeout(700)
+def test_seg_method_list_of_boundaries(runs):
     descs = mlp_descs()
     assert SegmentLayers(descs, 2, [0, 1]).do_segment() == [0, 1, 5]  # Paddle: the end may be left out
     assert SegmentLayers(descs, 2, [0, 3, 5]).do_segment() == [0, 3, 5]
@@ -239,25 +274,24 @@ def test_seg_method_list_of_boundaries():
         with pytest.raises(ValueError, match="increasing layer boundaries") as err:
             SegmentLayers(descs, 2, bad).do_segment()
         assert "\n" not in str(err.value)
-    results = run_ranks(_train, world_size=2, args=("mlp", 2, 4, None, "1F1B", [0, 1]), timeout=180)
+    results = runs(2, "seg_list")
     _ok(results)
     assert results[0]["names"] == ["0.bias", "0.weight"]
     assert results[1]["names"] == ["2.bias", "2.weight", "4.bias", "4.weight"]
 
 
 # -- micro-batches as a list; several loss functions ---------------------------------------------------------------
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("kind", ["mlp", "tied_tail"])
-def test_micro_batches_given_as_a_list(kind):
-    seg = [0, 2] if kind == "tied_tail" else "uniform"
-    results = run_ranks(_train, world_size=2, args=(kind, 2, 4, None, "1F1B", seg), kwargs={"form": "list"},
-                        timeout=180)
+def test_micro_batches_given_as_a_list(kind, runs):
+    results = runs(2, ("list", kind))
     _ok(results, ("loss", "micro", "param", "eval"))
 
 
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("loss_fn_idx", [0, 1])
-def test_loss_fn_list_with_loss_fn_idx_and_micro_batch_losses(loss_fn_idx):
-    results = run_ranks(_train, world_size=2, args=("mlp", 2, 4), kwargs={"two_losses": True,
-                                                                        "loss_fn_idx": loss_fn_idx}, timeout=180)
+def test_loss_fn_list_with_loss_fn_idx_and_micro_batch_losses(loss_fn_idx, runs):
+    results = runs(2, ("loss_fn_idx", loss_fn_idx))
     _ok(results, ("loss", "micro", "param", "eval"))
 
 
@@ -296,7 +330,7 @@ def test_bad_pipeline_calls_fail_with_one_line():
 
 # -- float16 amp (Paddle's hybrid_parallel_pp_amp) -----------------------------------------------------------------
 def _amp(rank, world, virtual):
-    ref = reference_more("deep")
+    ref = reference("deep")
     stage = PipelineLayer(deep_descs(), num_stages=2, loss_fn=_ce, num_virtual_pipeline_stages=virtual)
     copy_from(stage, ref)
     model = PipelineParallel(stage, accumulate_steps=4, micro_batch_size=2)
@@ -328,15 +362,17 @@ def _amp(rank, world, virtual):
     return {"rel": worst(rel), "param": worst(d_param), "effect": float(effect)}
 
 
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("virtual", [None, 2])
-def test_fp16_amp_within_paddles_tolerance(virtual):
-    for r in run_ranks(_amp, world_size=2, args=(virtual,), timeout=180):
+def test_fp16_amp_within_paddles_tolerance(virtual, runs):
+    for r in runs(2, ("amp", virtual)):
         assert r["rel"] < 5e-5, r  # Paddle's assert_allclose(loss_a, loss_b, rtol=5e-5)
         assert r["param"] < 1e-3 and r["effect"] > 1e-5, r
 
 
-def test_interleaved_pp4_v2_one_layer_chunks():
+@pytest.mark.timeout(700)
+def test_interleaved_pp4_v2_one_layer_chunks(runs):
     """pp4 x 2 virtual stages over eight layers: one layer a chunk, some without parameters (the Tanh)."""
-    results = run_ranks(_train, world_size=4, args=("deep", 4, 4, 2, "VPP"), timeout=300)
+    results = runs(4, "pp4_v2")
     _ok(results, ("loss", "micro", "param", "eval"))
     assert results[1]["names"] == [] and results[0]["names"] == ["0.bias", "0.weight", "4.bias", "4.weight"]

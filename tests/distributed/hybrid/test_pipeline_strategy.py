@@ -13,12 +13,11 @@ import warnings
 
 import pytest
 import torch
+from hybrid_models import copy_from, init_fleet, mlp_batch, mlp_descs, reference, run_cases
 from parity import max_abs_diff, worst
-from pipeline_models import copy_from, mlp_batch, mlp_descs, reference
 from torch import nn
 
 from fleetlite.distributed import fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 from fleetlite.distributed.fleet.recompute import is_recomputed
 from fleetlite.nn import SyncBatchNorm
@@ -32,14 +31,10 @@ def _setup(rank, world, kind, dp=1, **fields):
     """``kind``: "mlp" or "bn" (a stage from their descriptions, its weights copied from the plain torch
     reference, returned as ``ref``), or a list of layer descriptions (no reference)."""
     descs = {"mlp": mlp_descs, "bn": bn_descs}[kind]() if isinstance(kind, str) else kind
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(**fields)
-    strategy.hybrid_configs = {"dp_degree": dp, "pp_degree": world // dp}
-    strategy.pipeline_configs = {"accumulate_steps": N_MB, "micro_batch_size": MB}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # amp on a CPU
-        fleet.init(is_collective=True, strategy=strategy)
-        hcg = fleet.get_hybrid_communicate_group()
+        hcg = init_fleet({"dp_degree": dp, "pp_degree": world // dp},
+                         {"accumulate_steps": N_MB, "micro_batch_size": MB}, **fields)
         ref = {"mlp": lambda: reference("mlp"), "bn": _bn_reference}[kind]() if isinstance(kind, str) else None
         stage = PipelineLayer(descs, topology=hcg.topology(), loss_fn=CE)
         if ref is not None:
@@ -90,8 +85,17 @@ def _amp_bf16(rank, world):
     return dict(loss=worst(d_loss), param=_max_diff(stage, ref), vs_fp32=_max_diff(stage, fp32), dtypes=dtypes)
 
 
-def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast():
-    for r in run_ranks(_amp_bf16, world_size=2, timeout=120):
+@pytest.fixture(scope="module")
+def pp2():
+    """Every rank's results of the pp2 runs of this file that end normally, by name: one 2-rank launch for the
+    module."""
+    cases = {"bf16": (_amp_bf16, (), {}), "fp16": (_amp_fp16, (), {}), "recompute": (_recompute, (["0", "4"],), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=300)
+
+
+@pytest.mark.timeout(400)
+def test_amp_bfloat16_pipeline_follows_a_single_process_under_autocast(pp2):
+    for r in (out["bf16"] for out in pp2):
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5, r
         assert r["vs_fp32"] > 100 * max(r["param"], 1e-6), r  # autocast really ran
         assert r["dtypes"] == {torch.bfloat16}, r
@@ -129,8 +133,9 @@ def _amp_fp16(rank, world):
                 found_inf=opt.amp.scaler.last_found_inf, unchanged=unchanged, dtypes=dtypes)
 
 
-def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage():
-    for r in run_ranks(_amp_fp16, world_size=2, timeout=120):
+@pytest.mark.timeout(400)
+def test_amp_float16_pipeline_scales_the_loss_and_skips_on_every_stage(pp2):
+    for r in (out["fp16"] for out in pp2):
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5 and r["scale"] == r["ref_scale"] == 1024.0, r
         assert "scales the loss itself; drop scaler=" in r["passed_scaler"], r
         assert r["skipped"] and r["found_inf"] and r["unchanged"], r
@@ -150,9 +155,10 @@ def _recompute(rank, world, checkpoints):
                 recomputed=sorted(n for n, m in stage.named_modules() if n and is_recomputed(m)))
 
 
-def test_recompute_checkpoints_inside_pipeline_stages():
+@pytest.mark.timeout(400)
+def test_recompute_checkpoints_inside_pipeline_stages(pp2):
     # 5 layers on 2 stages: "0", "1" on stage 0; "2", "3", "4" on stage 1
-    out = run_ranks(_recompute, world_size=2, args=(["0", "4"],), timeout=120)
+    out = [r["recompute"] for r in pp2]
     for r in out:
         assert r["loss"] <= 1e-5 and r["param"] <= 1e-5, r
     assert out[0]["recomputed"] == ["0"] and out[1]["recomputed"] == ["4"]

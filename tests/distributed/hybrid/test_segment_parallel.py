@@ -9,6 +9,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn as nn
 import torch.nn.functional as F
+from hybrid_models import init_fleet
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import DistributedStrategy
@@ -84,11 +85,7 @@ def _batch(step):
 
 
 def _train(rank, world, hybrid):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet(hybrid)
     torch.manual_seed(0)
     ref = TinyGPT()
     torch.manual_seed(1 + rank)  # different weights on every rank: the wrapper's broadcast must agree them
@@ -156,10 +153,7 @@ def test_dp2_sep2_trains_like_one_process_on_four_ranks():
 
 
 def _all_to_all(rank, world):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "sep_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
+    init_fleet({"dp_degree": 1, "sep_degree": 2})
     b, s, h, d = 2, 4, 4, 3
     full = torch.arange(b * s * h * d, dtype=torch.float64).reshape(b, s, h, d)  # [b, s, h, d] of one process
     grad_full = torch.randn(b, s, h, d, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
@@ -265,10 +259,7 @@ def _gpt_config():
 def _gpt_sep2(rank, world):
     from fleetlite.text.gpt import GPT
 
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"sep_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
+    init_fleet({"sep_degree": 2})
     net = GPT(_gpt_config())
     model = fleet.distributed_model(net)
     opt = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=LR))

@@ -4,6 +4,7 @@
 import pytest
 import torch
 import torch.distributed as tdist
+from hybrid_models import init_fleet
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
@@ -49,11 +50,7 @@ def test_topology_defaults_and_errors():
 
 
 def _hcg(rank, world, hybrid):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet(hybrid)
     t = torch.tensor([float(rank)])
     tdist.all_reduce(t, group=hcg.get_model_parallel_group())
     d = torch.tensor([float(rank)])
@@ -98,10 +95,7 @@ def test_hcg_order_and_dp_rest_on_four_ranks():
 
 
 def _bad(rank, world, hybrid):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = hybrid
-    fleet.init(is_collective=True, strategy=strategy)
+    init_fleet(hybrid)
 
 
 @pytest.mark.parametrize("hybrid, match", [

@@ -3,20 +3,29 @@ run of the same model from the same weights: parameters, losses and the clipped 
 
 import pytest
 import torch
+from hybrid_models import (
+    BATCH,
+    CLIP,
+    STEPS,
+    RefModel,
+    TPModel,
+    copy_from,
+    data,
+    init_fleet,
+    max_param_diff,
+    run_cases,
+    train_with_reference,
+)
 from parity import max_abs_diff, worst
-from tp_models import RefModel, TPModel, copy_from, data, init_mp, max_param_diff, train_with_reference
 
 import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.distributed.fleet.meta_parallel import TensorParallel
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
-STEPS, BATCH, CLIP = 5, 4, 0.3
-
 
 def _train(rank, world, degrees):
-    hcg = init_mp(degrees)
+    hcg = init_fleet(degrees)
     torch.manual_seed(0)
     ref = RefModel()
     model = TPModel()
@@ -40,9 +49,18 @@ def _train(rank, world, degrees):
                 local=sum(p.numel() for p in model.parameters()), total=sum(p.numel() for p in ref.parameters()))
 
 
-@pytest.mark.timeout(200)
-def test_mp2_trains_like_a_single_process():
-    for r in run(2, {"mp_degree": 2}):
+@pytest.fixture(scope="module")
+def mp2():
+    """Every rank's results of the mp2 runs of this file, by name: one 2-rank launch for the module."""
+    cases = {"train": (_train, ({"mp_degree": 2},), {}), "broadcast": (_broadcast, (), {}), "amp": (_amp, (), {})}
+    return run_ranks(run_cases, world_size=2, args=(cases,), timeout=400)
+
+
+@pytest.mark.timeout(500)
+def test_mp2_trains_like_a_single_process(mp2):
+    out = [r["train"] for r in mp2]
+    print({k: max(r[k] for r in out) for k in ("param", "loss", "norm")})
+    for r in out:
         assert r["param"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
         assert max(r["norms"]) > CLIP  # clipping really happened
         assert r["is_tp"] and r["local"] < r["total"]
@@ -61,15 +79,15 @@ def run(world, degrees):
 
 
 def _broadcast(rank, world):
-    init_mp({"mp_degree": 2})
+    init_fleet({"mp_degree": 2})
     torch.manual_seed(rank)  # every rank draws different weights
     model = fleet.distributed_model(TPModel())
     return {k: v for k, v in model.state_dict().items()}
 
 
-@pytest.mark.timeout(120)
-def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
-    a, b = run_ranks(_broadcast, world_size=2, timeout=110)
+@pytest.mark.timeout(500)
+def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks(mp2):
+    a, b = (r["broadcast"] for r in mp2)
     for key in ("down.bias", "norm.weight", "norm.bias"):  # replicated: broadcast from the mp group's first rank
         assert torch.equal(a[key], b[key]), key
     for key in ("emb.weight", "up.weight", "down.weight", "head.weight"):  # slices: each rank keeps its own
@@ -79,13 +97,9 @@ def test_tensor_parallel_agrees_replicated_parameters_across_mp_ranks():
 def _amp(rank, world):
     import warnings
 
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
-    strategy.hybrid_configs = {"mp_degree": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # float16 amp on a CPU
-        fleet.init(is_collective=True, strategy=strategy)
-        hcg = fleet.get_hybrid_communicate_group()
+        hcg = init_fleet({"mp_degree": 2}, amp=True, amp_configs={"dtype": "float16", "init_loss_scaling": 1024.0})
         torch.manual_seed(0)
         ref, model = RefModel(), TPModel()
         copy_from(model, ref, hcg)
@@ -113,9 +127,9 @@ def _amp(rank, world):
     return max_param_diff(model, ref, hcg), worst(norms), opt.amp.scaler.get_scale(), dtypes
 
 
-@pytest.mark.timeout(120)
-def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
-    for param, norm_rel, scale, dtypes in run_ranks(_amp, world_size=2, timeout=110):
+@pytest.mark.timeout(500)
+def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process(mp2):
+    for param, norm_rel, scale, dtypes in (r["amp"] for r in mp2):
         # float16 compute on both sides, but the row-parallel layer sums two float16 partial products where the
         # reference rounds one matmul: measured 7e-5 (weights) and 5e-5 (norm, relative). With amp silently off
         # they are 1.3e-4 and 1.6e-4, so 1e-4 tells the two apart (the old 1e-3 could not)
@@ -125,11 +139,8 @@ def test_mp2_float16_amp_with_loss_scaling_and_clip_follows_a_single_process():
 
 
 def _merge(rank, world):
-    fleet_impl._reset()
-    strategy = fleet.DistributedStrategy(gradient_merge=True, gradient_merge_configs={"k_steps": 2, "avg": True})
-    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 2}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_fleet({"dp_degree": 2, "mp_degree": 2}, gradient_merge=True,
+                     gradient_merge_configs={"k_steps": 2, "avg": True})
     torch.manual_seed(0)
     ref, model = RefModel(), TPModel()
     copy_from(model, ref, hcg)

@@ -88,9 +88,11 @@ def _mp2_checkpoints(rank, world, root):
     from hybrid_models import init_fleet, tp_net
 
     import fleetlite
+    from fleetlite.distributed import fleet
 
     torch.set_num_threads(1)
-    strategy = init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    strategy = fleet.user_strategy()
     net = tp_net()
     t = fleetlite.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(),
                           strategy=strategy, device="cpu")
@@ -105,6 +107,7 @@ def test_a_hybrid_models_directories_keep_last_k_plus_current_best(tmp_path):
 
     from fleetlite.testing import run_ranks
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hybrid"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "distributed",
+                                    "hybrid"))
     assert run_ranks(_mp2_checkpoints, 2, args=(str(tmp_path),), timeout=240) == [5, 5]
     assert _checkpoints(tmp_path, dirs=True) == ["epoch-0005"]  # the file form keeps epoch-0005.pt and best.pt

@@ -20,6 +20,7 @@ from parity import max_abs_diff
 from torch import nn
 
 import fleetlite
+from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.callbacks import EMA
@@ -47,12 +48,14 @@ def _reference():
 
 def _hybrid(rank, world, kind):
     if kind == "mp2":
-        strategy = init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+        init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+        strategy = fleet.user_strategy()
         net = tp_net()
         history = _fit(net, strategy, nn.CrossEntropyLoss())
         return history, full_tp_weights(net)
-    strategy = init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}, {"accumulate_steps": 2,
-                                                                            "micro_batch_size": 4})
+    init_fleet({"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}, {"accumulate_steps": 2,
+                                                                 "micro_batch_size": 4})
+    strategy = fleet.user_strategy()
     loss = nn.CrossEntropyLoss()
     stage = pipeline_stage(loss)
     history = _fit(stage, strategy, loss)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_ckpt_models import RefNet, TPNet, batches, init_fleet, opt_state, tp_trainer
+from hybrid_models import RefNet, TPNet, batches, degrees, init_fleet, opt_state, tp_trainer
 
 import fleetlite
 import fleetlite.checkpoint as ckpt
@@ -67,7 +67,8 @@ def _mp2_runs(rank, world, root):
     out["loaded_opt_equal"] = all(torch.equal(a[p][n], b[p][n]) for p in a for n in a[p])
     out["dirs"] = sorted(p.name for p in (root / "mid").iterdir())
 
-    init_fleet(mp=2)  # Paddle's face: Model.save(path, training=False) writes the full weights as {path}.pt
+    # Paddle's face: Model.save(path, training=False) writes the full weights as {path}.pt
+    init_fleet(degrees(mp=2))
     torch.manual_seed(0)
     net = TPNet()
     model = fleetlite.Model(net, [InputSpec([None, 6], "float32", "x")])

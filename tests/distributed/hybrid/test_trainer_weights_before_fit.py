@@ -9,12 +9,14 @@ import torch
 from hybrid_models import full_tp_weights, init_fleet, reference_net, tp_net
 
 import fleetlite
+from fleetlite.distributed import fleet
 from fleetlite.testing import run_ranks
 
 
 def _before_fit(rank, world):
     torch.set_num_threads(1)
-    strategy = init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    init_fleet({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1})
+    strategy = fleet.user_strategy()
     net = tp_net()
     t = fleetlite.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(),
                           strategy=strategy, device="cpu")

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_ckpt_models import (
+from hybrid_models import (
     PIPE,
     OneStage,
     RefNet,
     TPNet,
     batches,
+    degrees,
     init_fleet,
     opt_state,
     pipe_batch,
@@ -40,7 +41,7 @@ def _model(net, loss=None):
 
 
 def _tp(rank, world, root):
-    init_fleet(mp=2)
+    init_fleet(degrees(mp=2))
     torch.manual_seed(0)
     model = _model(TPNet())
     model.trainer.setup(training=True)
@@ -48,7 +49,7 @@ def _tp(rank, world, root):
     model.fit(batches(), epochs=1, verbose=0)
     model.save(str(Path(root) / "m"))
     held = (model.trainer.get_weights(), opt_state(model.trainer), start)
-    init_fleet(mp=2)
+    init_fleet(degrees(mp=2))
     torch.manual_seed(1)  # other weights: the load must set every one
     again = _model(TPNet())
     again.load(str(Path(root) / "m"))
@@ -92,7 +93,7 @@ def _check_roundtrip(results):
 
 
 def _refuse_single(rank, world, root):
-    init_fleet(mp=2)
+    init_fleet(degrees(mp=2))
     torch.manual_seed(0)
     model = _model(TPNet())
     model.trainer.setup(training=True)
@@ -118,7 +119,7 @@ def test_model_save_of_mp2_holds_the_full_model_and_optimizer(tmp_path):
 
 
 def _pp(rank, world, root):
-    hcg = init_fleet(pp=2, pipeline=PIPE)
+    hcg = init_fleet(degrees(pp=2), PIPE)
     loss = nn.CrossEntropyLoss()
     layer = pipe_layer(loss, topology=hcg.topology())
     layer.load_state_dict({k: v for k, v in start_weights().items() if k in layer.state_dict()})
@@ -128,7 +129,7 @@ def _pp(rank, world, root):
         model.trainer.parallel_network.train_batch(list(pipe_batch(step)), model.trainer.optimizer)
     model.save(str(Path(root) / "m"))
     held = (model.trainer.get_weights(), opt_state(model.trainer))
-    hcg = init_fleet(pp=2, pipeline=PIPE)
+    hcg = init_fleet(degrees(pp=2), PIPE)
     again = _model(pipe_layer(loss, topology=hcg.topology()), loss)
     again.load(str(Path(root) / "m"))
     return held, (again.trainer.get_weights(), opt_state(again.trainer))

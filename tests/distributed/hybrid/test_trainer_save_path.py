@@ -7,6 +7,7 @@ import torch
 from hybrid_models import dataset, full_tp_weights, init_fleet, reference_net, tp_net
 
 import fleetlite
+from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.testing import run_ranks
 
@@ -31,7 +32,8 @@ def _one_process(path):
 
 def _mp2(rank, world, path):
     torch.set_num_threads(1)
-    strategy = init_fleet(DEGREES)
+    init_fleet(DEGREES)
+    strategy = fleet.user_strategy()
     t = _trainer(tp_net(), strategy)
     t.fit(dataset(16, 1), batch_size=8, epochs=1, verbose=0)
     written = t.save(path)

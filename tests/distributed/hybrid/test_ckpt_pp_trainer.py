@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_ckpt_models import (
+from hybrid_models import (
     PipelineLayer,
     batches,
     opt_state,

@@ -6,9 +6,9 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hybrid_models import RefModel, TPModel, copy_from, data, init_fleet, run_cases
 from parity import max_abs_diff
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-from tp_models import RefModel, TPModel, copy_from, data, init_mp
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel import (
@@ -20,7 +20,7 @@ from fleetlite.testing import run_ranks
 
 
 def _save_and_reload(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(3)
     model = TPModel()  # the full init sliced: equal to RefModel's draw for the split weights
     dcp.save(sharded_state_dict(model), checkpoint_id=path)
@@ -35,10 +35,29 @@ def _save_and_reload(rank, world, path):
     return back, {k: v for k, v in saved.items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
-    path = str(tmp_path / "ckpt")
-    out = run_ranks(_save_and_reload, world_size=2, args=(path,), timeout=190)
+def _single_process_model():
+    torch.manual_seed(5)
+    return RefModel()
+
+
+@pytest.fixture(scope="module")
+def mp2(tmp_path_factory):
+    """(the checkpoints' directory, every rank's results of the mp2 runs of this file, each with a directory of its
+    own there): one 2-rank launch for the module; ``full`` holds the single-process checkpoint the ranks load."""
+    root = tmp_path_factory.mktemp("tp_ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(_single_process_model().state_dict(), checkpoint_id=str(root / "full"), no_dist=True)
+    cases = {"reload": (_save_and_reload, (str(root / "ckpt"),), {}), "full": (_load_full, (str(root / "full"),), {}),
+             "resume": (_resume_source, (str(root / "resume"),), {})}
+    return root, run_ranks(run_cases, world_size=2, args=(cases,), timeout=500)
+
+
+@pytest.mark.timeout(600)
+def test_mp2_checkpoint_reloads_and_reshards_to_one_process(mp2):
+    root, runs = mp2
+    path = str(root / "ckpt")
+    out = [r["reload"] for r in runs]
     for back, _saved, _rank in out:
         assert back == 0.0
     plain = RefModel()
@@ -56,7 +75,7 @@ def test_mp2_checkpoint_reloads_and_reshards_to_one_process(tmp_path):
 
 
 def _load_full(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     model = TPModel()
     state = sharded_state_dict(model)
     dcp.load(state, checkpoint_id=path)  # mp = 1 -> 2: each rank reads its slice of the full tensors
@@ -64,15 +83,10 @@ def _load_full(rank, world, path):
     return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_single_process_checkpoint_loads_into_mp2(tmp_path):
-    path = str(tmp_path / "full")
-    torch.manual_seed(5)
-    plain = RefModel()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(plain.state_dict(), checkpoint_id=path, no_dist=True)
-    for state, rank in run_ranks(_load_full, world_size=2, args=(path,), timeout=190):
+@pytest.mark.timeout(600)
+def test_single_process_checkpoint_loads_into_mp2(mp2):
+    plain = _single_process_model()  # the model the fixture saved for the ranks
+    for state, rank in (r["full"] for r in mp2[1]):
         assert torch.equal(state["up.weight"], plain.up.weight.chunk(2, dim=0)[rank])
         assert torch.equal(state["up.bias"], plain.up.bias.chunk(2)[rank])
         assert torch.equal(state["down.weight"], plain.down.weight.chunk(2, dim=1)[rank])
@@ -81,7 +95,7 @@ def test_single_process_checkpoint_loads_into_mp2(tmp_path):
 
 
 def _resume_source(rank, world, path):
-    hcg = init_mp({"mp_degree": 2})
+    hcg = init_fleet({"mp_degree": 2})
     torch.manual_seed(0)
     ref = RefModel()
     model = TPModel()
@@ -99,10 +113,11 @@ def _resume_source(rank, world, path):
     return {k: v.clone() for k, v in model.state_dict().items()}, hcg.get_model_parallel_rank()
 
 
-@pytest.mark.timeout(200)
-def test_mp2_training_resumes_in_one_process_from_its_checkpoint(tmp_path):
-    path = str(tmp_path / "resume")
-    out = run_ranks(_resume_source, world_size=2, args=(path,), timeout=190)
+@pytest.mark.timeout(600)
+def test_mp2_training_resumes_in_one_process_from_its_checkpoint(mp2):
+    root, runs = mp2
+    path = str(root / "resume")
+    out = [r["resume"] for r in runs]
     ref = RefModel()
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     state = {"model": ref.state_dict(), "optim": get_optimizer_state_dict(ref, opt)}

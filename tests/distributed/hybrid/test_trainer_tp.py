@@ -13,6 +13,7 @@ from hybrid_models import (
     init_fleet,
     more_predictions,
     reference_net,
+    run_cases,
     run_trainer,
     stat_scores,
     tp_net,
@@ -40,7 +41,8 @@ def _reference(clip, global_batch):
 
 def _tp(rank, world, degrees, clip, out_dir):
     torch.set_num_threads(1)
-    strategy = init_fleet(degrees)
+    init_fleet(degrees)
+    strategy = fleet.user_strategy()
     net = tp_net()
     t, out = run_trainer(net, strategy, BATCH, EVAL_BATCH, clip=CLIPS[clip], loss=torch.nn.CrossEntropyLoss())
     out["weights"] = full_tp_weights(net)
@@ -73,12 +75,24 @@ def _loaders(t):
     return out
 
 
-@pytest.mark.timeout(300)
+MP2 = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
+
+
+@pytest.fixture(scope="module")
+def mp2(tmp_path_factory):
+    """Every rank's results of the mp2 runs of this file, by name (the Trainer with each clip, then Paddle's Model):
+    one 2-rank launch for the module."""
+    cases = {clip: (_tp, (MP2, clip, str(tmp_path_factory.mktemp(clip))), {}) for clip in CLIPS}
+    cases["hapi"] = (_hapi, (), {})
+    return run_ranks(run_cases, 2, args=(cases,), timeout=500)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("clip", ["global", "each"])
-def test_mp2_trainer_equals_one_process(clip, tmp_path):
+def test_mp2_trainer_equals_one_process(clip, mp2):
     ref = _reference(clip, BATCH)
-    for r in run_ranks(_tp, 2, args=({"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}, clip, str(tmp_path)),
-                       timeout=240):
+    for out in mp2:
+        r = out[clip]
         assert not compare(r, ref), compare(r, ref)
         assert r["predict"].shape[0] == N_EVAL
         _check_loaders(r, ref)
@@ -130,10 +144,11 @@ def _hapi(rank=0, world=1):
     return out
 
 
-@pytest.mark.timeout(300)
-def test_hapi_model_fit_evaluate_mp2():
+@pytest.mark.timeout(600)
+def test_hapi_model_fit_evaluate_mp2(mp2):
     ref = _hapi()
-    for r in run_ranks(_hapi, 2, timeout=240):
+    for out in mp2:
+        r = out["hapi"]
         assert abs(r["evaluate"]["loss"][0] - ref["evaluate"]["loss"][0]) <= 1e-5, (r["evaluate"], ref["evaluate"])
         assert abs(r["evaluate"]["acc"] - ref["evaluate"]["acc"]) <= 1e-5
         for k, w in ref["weights"].items():

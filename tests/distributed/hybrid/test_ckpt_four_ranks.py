@@ -22,13 +22,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hybrid_ckpt_models import (
+from hybrid_models import (
+    HIDDEN,
     IN,
     OUT,
     PipelineLayer,
     RefNet,
-    TPBlock,
+    ResBlock,
     batches,
+    copy_from,
+    degrees,
     init_fleet,
     mp_pp_descs,
     pipe_batch,
@@ -71,7 +74,7 @@ def _save_then_load_on_dp4(rank, world, root):
     t = tp_trainer(mp=1, dp=4)  # (re-initialises fleet with dp = 4)
     t.load(root / "mp" / "epoch-0000")
     tp_loaded = t.get_weights()
-    init_fleet(dp=4)
+    init_fleet(degrees(dp=4))
     t = single_pipe_trainer()
     t.load(root / "pp")
     return tp_saved, tp_loaded, pp_saved, t.get_weights(), type(t.parallel_network).__name__, (stage, mark), \
@@ -97,18 +100,15 @@ def test_dp2_checkpoints_load_into_dp4(tmp_path):
 
 def _mp_pp_stage(hcg, ref):
     stage = PipelineLayer(mp_pp_descs(), topology=hcg.topology(), loss_fn=nn.CrossEntropyLoss())
-    mp, r = hcg.get_model_parallel_world_size(), hcg.get_model_parallel_rank()
-    full = ref.state_dict()
-    with torch.no_grad():
-        for name, p in stage.named_parameters():
-            p.copy_(full[name].chunk(mp, dim=p.split_axis)[r] if is_split(p) else full[name])
+    copy_from(stage, ref, hcg)
     return stage
 
 
 def _mp_pp(rank, world, root):
     torch.manual_seed(0)  # the reference: mp_pp_descs' layers as a plain torch model (the stages' names)
-    ref = nn.Sequential(TPBlock(tp=False), nn.LayerNorm(IN), TPBlock(tp=False), nn.Linear(IN, OUT, bias=False))
-    hcg = init_fleet(mp=2, pp=2, pipeline={"accumulate_steps": 2, "micro_batch_size": 4})
+    ref = nn.Sequential(ResBlock(IN, HIDDEN, torch.relu, tp=False), nn.LayerNorm(IN),
+                        ResBlock(IN, HIDDEN, torch.relu, tp=False), nn.Linear(IN, OUT, bias=False))
+    hcg = init_fleet(degrees(mp=2, pp=2), {"accumulate_steps": 2, "micro_batch_size": 4})
     model = fleet.distributed_model(_mp_pp_stage(hcg, ref))
     assert any(is_split(p) for p in model.module.parameters())
     start_full = model.full_state_dict()

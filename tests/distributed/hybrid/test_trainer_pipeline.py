@@ -19,6 +19,7 @@ from hybrid_models import (
 )
 from torch import nn
 
+from fleetlite.distributed import fleet
 from fleetlite.distributed.fleet import fleet as fleet_impl
 from fleetlite.testing import run_ranks
 
@@ -55,7 +56,8 @@ def _errors(t) -> dict:
 
 def _pp(rank, world, degrees, out_dir):
     torch.set_num_threads(1)
-    strategy = init_fleet(degrees, PIPE)
+    init_fleet(degrees, PIPE)
+    strategy = fleet.user_strategy()
     stage = pipeline_stage(loss_fn=None, tp=degrees["mp_degree"] > 1)  # the Trainer's loss becomes the pipeline's
     t, out = run_trainer(stage, strategy, ROWS, ROWS, clip=CLIP, loss=nn.CrossEntropyLoss())
     out["evaluate_small"] = t.evaluate(dataset(N_EVAL, 2), batch_size=3, verbose=0)  # every batch padded

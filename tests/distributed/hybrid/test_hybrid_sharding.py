@@ -136,8 +136,6 @@ def test_pp2_sharding2_stage1_trains_like_a_single_process_on_four_ranks():
 
 
 @pytest.mark.parametrize("fields, hybrid, error, match", [
-    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"pp_degree": 2, "mp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "or with both pp_degree and mp_degree > 1"),  # (beside one: test_hybrid_stage3*.py)
     ({"sharding": True}, {"pp_degree": 2},
      ValueError, "hybrid_configs['sharding_degree'] is 1: set it to the number of ranks"),
     ({"sharding": True, "sharding_configs": {"sharding_degree": 4}}, {"mp_degree": 2, "sharding_degree": 2},

@@ -89,14 +89,6 @@ def test_pp2_sharding2_stage3_trains_like_a_single_process_on_four_ranks(fleet_o
         assert r["data"] == [rank // 2 * 2, rank // 2 * 2 + 1]  # order dp, pp, sharding: rank = 2 * pp + sharding
 
 
-def test_stage3_beside_pp_and_mp_together_fails_with_one_line():
-    strategy = fleet.DistributedStrategy(sharding=True, sharding_configs={"stage": 3})
-    strategy.hybrid_configs = {"pp_degree": 2, "mp_degree": 2, "sharding_degree": 2}
-    with pytest.raises(NotImplementedError) as info:
-        strategy.check_supported(8)
-    assert "or with both pp_degree and mp_degree > 1" in str(info.value).splitlines()[0]
-
-
 def _tied_stage3(rank, world):
     hcg = init_fleet({"dp_degree": 1, "pp_degree": 2, "sharding_degree": 2}, sharding=True,
                      sharding_configs={"stage": 3})

@@ -84,6 +84,14 @@ def _consolidate(zero: Any) -> None:
     zero._all_state_dicts = gathered if rank == 0 else []
 
 
+def _drop_clip(optimizer: torch.optim.Optimizer) -> None:
+    """Remove the clip hook a DistributedOptimizer put on ``optimizer`` (Note [who clips]), if any."""
+    handle = getattr(optimizer, "_fleet_clip_hook", None)
+    if handle is not None:
+        handle.remove()
+        optimizer._fleet_clip_hook = None
+
+
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
     return any(s.get("step") is not None and float(torch.as_tensor(s["step"])) > 0
                for s in optimizer.state.values())
@@ -141,11 +149,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Note [who clips]: this optimizer clips, right before the real step, in every layout: its _grad_clip
         # (Paddle's grad_clip=), or what a training loop hands it (step_clipper)
         self.hybrid_clip = StepClip(hcg=context.state.hcg, owner=optimizer)
-        self.inner_opt.register_step_pre_hook(self._clip_pre_step)
+        self._clip_on(self.inner_opt)
 
     def _clip_pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """The step pre-hook of the optimizer that really steps (registered again on one rebuilt over shards)."""
         self.hybrid_clip([p for g in opt.param_groups for p in g["params"]])
+
+    def _clip_on(self, opt: torch.optim.Optimizer) -> None:
+        """Clip in ``opt``'s steps. One clip hook per optimizer: a later DistributedOptimizer over the same torch
+        optimizer (a second Trainer setup) replaces an earlier one's (Note [who clips])."""
+        _drop_clip(opt)
+        opt._fleet_clip_hook = opt.register_step_pre_hook(self._clip_pre_step)
 
     @property
     def _grad_clip(self) -> Any:
@@ -201,8 +215,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "model returned by fleet.distributed_model")
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
+                _drop_clip(self.inner_opt)  # the clip goes where the step is: the optimizer over the shards
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
-                self.inner_opt.register_step_pre_hook(self._clip_pre_step)  # the clip: where the step is
+                self._clip_on(self.inner_opt)
             self._sharded_model = model
         self.merge.attach(model)
         self.meta.attach(model)

@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -56,12 +57,17 @@ def _sharded_grad_group(params: list[torch.Tensor]) -> Any:
     return next((g for p in params if (g := getattr(p, GRAD_GROUP_ATTR, None)) is not None), None)
 
 
-def _counted(params: Iterable[torch.Tensor], hcg: Any) -> tuple[list[torch.Tensor], list[torch.Tensor], GradGroups]:
-    """(all parameters, those the norm counts on this rank, the groups): Note [hybrid global norm]."""
+def _counted(params: Iterable[torch.Tensor], hcg: Any,
+             groups: GradGroups | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], GradGroups]:
+    """(all parameters, those the norm counts on this rank, the groups: the hcg's, else ``groups``'): Note [hybrid
+    global norm]."""
     every = list(params)
     sharded = _sharded_grad_group(every)
     counted = owned_here(every, sharded) if sharded is not None else every
-    return every, counted, GradGroups.of(hcg, sharding=sharded)
+    out = GradGroups.of(hcg, sharding=sharded)
+    if hcg is None and groups is not None:
+        out = replace(groups, sharding=out.sharding)
+    return every, counted, out
 
 
 def global_norm_hybrid(params: Iterable[torch.Tensor], hcg: Any) -> torch.Tensor:
@@ -173,14 +179,15 @@ class StepClip:
         if not clips:
             return
         params = [p for p in params if p.requires_grad]
+        model_group = _groups(self.hcg, self.groups).model  # tensor-parallel slices: their norms are added over it
         for clip in clips:
             norm = grad_clip_norm_of(clip)
             if norm is not None or isinstance(clip, HybridParallelClipGrad):
-                norm = clip.clip_norm if norm is None else norm
-                self.last_norm = (clip_grad_norm_hybrid(params, norm, self.hcg) if self.hcg is not None else
-                                  clip_by_global_norm(params, norm, _groups(None, self.groups)))
-            elif _tensor_norm_of(clip) is not None and _groups(self.hcg, self.groups).model is not None:
-                self._clip_each(params, _tensor_norm_of(clip), _groups(self.hcg, self.groups).model)
+                every, counted, groups = _counted(params, self.hcg, self.groups)
+                self.last_norm = clip_by_global_norm(every, clip.clip_norm if norm is None else norm, groups,
+                                                     norm_params=counted)
+            elif _tensor_norm_of(clip) is not None and model_group is not None:
+                self._clip_each(params, _tensor_norm_of(clip), model_group)
             else:  # per tensor on whole tensors (torch's clip_grad_norm_, DTensors too), by value: as they are
                 clip(params)
 

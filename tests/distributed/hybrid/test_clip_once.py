@@ -153,13 +153,18 @@ def _pp_trainer() -> float:
     return _full_diff(t.get_weights(), _reference(X))
 
 
-def _hapi_mp() -> float:
-    """Paddle's hapi ``fleetlite.Model`` on mp2: ``prepare(grad_clip=X)`` beside the optimizer's ``_grad_clip = Y``."""
+def _hapi_mp(prepared_before: bool = False) -> float:
+    """Paddle's hapi ``fleetlite.Model`` on mp2: ``prepare(grad_clip=X)`` beside the optimizer's ``_grad_clip = Y``;
+    ``prepared_before``: the same optimizer was prepared (and set up) once already without ``grad_clip``."""
     _init(mp=2)
     net = _mp_net()
     model = fleetlite.Model(net)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     opt._grad_clip = ClipGradByGlobalNorm(Y)
+    if prepared_before:
+        model.prepare(opt, nn.MSELoss())
+        model.train_batch([_data(0)[0]], [_data(0)[1]], update=False)  # sets up, steps nothing
+        opt.zero_grad()
     model.prepare(opt, nn.MSELoss(), grad_clip=ClipGradByGlobalNorm(X))
     for step in range(STEPS):
         x, y = _data(step)
@@ -174,6 +179,7 @@ ROWS_OF_TABLE = {
     "pp2 train_batch, plain optimizer": lambda: _pp_train_batch(False),
     "pp2 Trainer": _pp_trainer,
     "hapi Model mp2": _hapi_mp,
+    "hapi Model mp2, the optimizer prepared twice": lambda: _hapi_mp(prepared_before=True),
     "dp2 gradient merge k=2": lambda: _fleet_loop(dp=2, mp=1, k=2),
     "mp2 gradient merge k=2": lambda: _fleet_loop(dp=1, mp=2, k=2),
 }

@@ -2,23 +2,26 @@
 ``clipnorm`` / ``clipvalue`` / ``global_clipnorm``, on torch's ``clip_grad_norm_`` / ``clip_grad_value_``.
 
 # Note [clip order]
-The Trainer clips once per optimizer step, right before ``optimizer.step()``:
+The Trainer clips once per optimizer step, right before the real ``optimizer.step()``:
 after the all-reduce (every rank clips the same averaged gradient, so the
 ranks stay identical), after gradient accumulation (the merged gradient is
 clipped once, not each micro-batch), and, with float16 amp, after unscaling
-(``amp.unscale_``: the threshold applies to true gradients; a step whose
-gradients overflowed is still skipped by the scaler).
+(the threshold applies to true gradients; a step whose gradients overflowed
+is still skipped by the scaler). Its clippers are handed to its
+``DistributedOptimizer``, which runs them in its step (Note [who clips] in
+:mod:`~fleetlite.distributed.fleet.meta_parallel.hybrid_clip`: one decision,
+so exactly one clip in every layout); they replace the optimizer's own
+``_grad_clip``, which they already include unless ``grad_clip=`` was given.
 
 # Note [hybrid clipping]
-Under tensor or pipeline parallelism (Note [data group]) a rank holds slices
-(``split_axis``) or one stage of the model. The global norm (``global_clipnorm``,
+Under tensor or pipeline parallelism a rank holds slices (``split_axis``) or
+one stage of the model. The global norm (``global_clipnorm``,
 ``ClipGradByGlobalNorm``) is then the whole model's, each parameter counted
-once across dp, mp and pp (:func:`~fleetlite.distributed.fleet.meta_parallel.hybrid_clip.clip_grad_norm_hybrid`);
-the per-tensor norm (``clipnorm``, ``ClipGradByNorm``) of a slice is the full
-tensor's (its squared sum added over the tensor-parallel group). When the
-``DistributedOptimizer`` already clips Paddle's ``optimizer._grad_clip`` across
-the mesh (its ``hybrid_clip``, a step pre-hook), the Trainer does not clip that
-one again.
+once across dp, mp and pp (Note [hybrid global norm]); the per-tensor norm
+(``clipnorm``, ``ClipGradByNorm``) of a slice is the full tensor's (its
+squared sum added over the tensor-parallel group); value clipping is
+elementwise as it is. Another clipper (a plain callable) is refused there
+before training.
 
 Example::
 
@@ -34,11 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed.fleet import get_hybrid_communicate_group
-from ..distributed.fleet.data_group import data_group
-from ..distributed.fleet.gradients import clip_by_global_norm, clip_coefficient, tensor_norms
-from ..distributed.fleet.meta_parallel import is_split
-from ..distributed.fleet.meta_parallel.hybrid_clip import clip_grad_norm_hybrid
+from ..distributed.fleet import context as fleet_context
+from ..distributed.fleet.gradients import clip_by_global_norm
+from ..distributed.fleet.meta_parallel.hybrid_clip import check_clips, step_clipper
 
 __all__ = ["ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue", "resolve_grad_clip", "clip_gradients",
            "check_hybrid_clipping"]
@@ -128,64 +129,25 @@ def resolve_grad_clip(grad_clip: Any = None, clipnorm: float | None = None, clip
     return out
 
 
-@torch.no_grad()
-def _clip_each_hybrid(params: list[nn.Parameter], clip_norm: float, hcg: Any) -> None:
-    """Per-tensor clipping where a tensor-parallel slice's norm is the full tensor's (Note [hybrid clipping])."""
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return
-    grads = [p.grad for p in params]
-    norms = tensor_norms(grads, [is_split(p) for p in params], hcg.get_model_parallel_group())
-    for g, c in zip(grads, clip_coefficient(norms, clip_norm)):  # torch's clip_grad_norm_ rule, per tensor
-        g.mul_(c.to(g.dtype))
-
-
-def _clip_hybrid(clip: Any, params: list[nn.Parameter], hcg: Any) -> None:
-    """One clipper across the hybrid mesh (Note [hybrid clipping]); value clipping is elementwise, as it is."""
-    if isinstance(clip, ClipGradByGlobalNorm):
-        clip_grad_norm_hybrid(params, clip.clip_norm, hcg)
-    elif isinstance(clip, ClipGradByNorm):
-        _clip_each_hybrid(params, clip.clip_norm, hcg)
-    else:
-        clip(params)
-
-
-def _own_clip(optimizer: Any) -> Any:
-    """Paddle's ``optimizer._grad_clip`` when the DistributedOptimizer clips it across the mesh itself."""
-    if getattr(optimizer, "hybrid_clip", None) is None:
-        return None
-    return getattr(getattr(optimizer, "user_opt", None), "_grad_clip", None)
+def _hcg() -> Any:
+    """fleet's HybridCommunicateGroup (the plan's groups), None before ``fleet.init``."""
+    return fleet_context.state.hcg
 
 
 def check_hybrid_clipping(optimizer: Any, clippers: list[Any]) -> None:
-    """Before training under tensor/pipeline parallelism: a clipper other than Paddle's three classes (Keras'
-    numbers) cannot know the whole model's norm (Note [hybrid clipping]); one line saying so."""
-    if not data_group().hybrid:
-        return
-    own = _own_clip(optimizer)
-    for clip in clippers:
-        if clip is not own and not isinstance(clip, (ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue)):
-            raise ValueError(f"gradient clipper {type(clip).__name__} under tensor/pipeline parallelism: a rank holds "
-                             "slices or one stage, so a norm it computes is not the model's; use "
-                             "ClipGradByGlobalNorm / global_clipnorm, ClipGradByNorm / clipnorm or ClipGradByValue / "
-                             "clipvalue")
+    """Before training: a clipper other than Paddle's three classes (Keras' numbers) cannot know the whole model's
+    norm where a rank holds slices or one stage (Note [hybrid clipping]); one line saying so."""
+    check_clips(clippers, _hcg())
 
 
 def clip_gradients(optimizer: Any, network: nn.Module, clippers: list[Any]) -> None:
-    """Apply ``clippers`` to ``network``'s gradients at an optimizer step (Notes [clip order], [hybrid clipping])."""
-    hybrid = data_group().hybrid
-    if hybrid:  # the DistributedOptimizer clips Paddle's optimizer._grad_clip itself: not twice
-        own = _own_clip(optimizer)
-        clippers = [c for c in clippers if own is None or c is not own]
-    if not clippers:
+    """Right before ``optimizer.step()``: the one clip of this step (Notes [clip order], [who clips]). A
+    ``DistributedOptimizer`` is handed ``clippers`` and clips in its step; another optimizer's are applied here
+    to ``network``'s gradients (after unscaling)."""
+    clip = step_clipper(optimizer, clippers, _hcg())
+    if clip is None:
         return
     amp = getattr(optimizer, "amp", None)
     if amp is not None and amp.uses_scaler:
         amp.unscale_(optimizer.inner_opt)
-    params = [p for p in network.parameters() if p.requires_grad]
-    hcg = get_hybrid_communicate_group() if hybrid else None
-    for clip in clippers:
-        if hcg is not None:
-            _clip_hybrid(clip, params, hcg)
-        else:
-            clip(params)
+    clip(network.parameters())

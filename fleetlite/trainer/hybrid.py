@@ -75,11 +75,11 @@ def _cat(outputs: list[Any]) -> Any:
 
 
 class _TrainerStep:
-    """What ``train_batch`` steps as its optimizer: the Trainer's ``optimizer_step`` (clipping: Note [clip order];
-    the DistributedOptimizer's amp and hybrid clip). ``train_batch`` itself then clips nothing (no ``_grad_clip``)."""
+    """What ``train_batch`` steps as its optimizer: the Trainer's ``optimizer_step`` (its clippers run in the
+    DistributedOptimizer's step, with its amp: Notes [clip order], [who clips]). ``train_batch`` itself then
+    clips nothing (no ``_grad_clip``)."""
 
     _grad_clip = None
-    hybrid_clip = None
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer
@@ -107,7 +107,7 @@ class PipelineSteps:
         self.trainer, self.net = trainer, net
         self.rows = int(net.accumulate_steps) * int(net.micro_batch_size)
         self.has_outputs = bool(net.is_pipeline_last_stage)  # the last stage computes outputs, loss and metrics
-        self.last_rank = td.get_process_group_ranks(net.pp_group)[-1] if net.pp_group is not None else 0
+        self.last_rank = net.last_stage_rank  # the pipeline answers where its results are
         self._adopt_loss()
 
     def _adopt_loss(self) -> None:

@@ -234,8 +234,7 @@ class Model:
             loss = t.compute_loss(outputs, labels)
             t.optimizer.backward(loss)
             if update:
-                if t.grad_clip:
-                    clip_gradients(t.optimizer, t.network, t.grad_clip)
+                clip_gradients(t.optimizer, t.network, t.grad_clip)  # Note [who clips]: the step clips them
                 t.optimizer.step()
                 t.optimizer.zero_grad(set_to_none=False)  # Paddle's clear_gradients: zeros
         losses = [_numpy(loss).reshape(1)]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed.fleet.meta_parallel.hybrid_state import is_hybrid_module
+from ..distributed.fleet import context as fleet_context
 from ..io.evaluation import trim_batch
 from ..parallel import WrappedModel
 from ..utils.weights import strip_compile_prefix
@@ -236,8 +236,7 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Step the optimizer and clear the gradients; only at a step boundary (gradient merge)."""
         if self.at_step_boundary:
-            if self.grad_clip:
-                clip_gradients(self.optimizer, self.network, self.grad_clip)  # Note [clip order]
+            clip_gradients(self.optimizer, self.network, self.grad_clip)  # Note [clip order]: the step clips them
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -428,9 +427,10 @@ class Trainer:
         self.checkpoint_connector.load_model_state(strip_compile_prefix(weights))
 
     def _setup_if_hybrid(self) -> None:
-        """Wrap a model whose ranks hold different parts of it now: only the wrapped model gathers its slices
-        and stages into full weights (before, its state_dict is this rank's part)."""
-        if self.parallel_network is None and is_hybrid_module(self._given_model):
+        """Wrap the model now where fleet's plan splits models across ranks (tensor-parallel slices, pipeline
+        stages): only the wrapped model gathers them into full weights (before, its state_dict is this rank's)."""
+        plan = fleet_context.state.plan  # the plan answers, not the model's parameters
+        if self.parallel_network is None and plan is not None and (plan.mp_enabled or plan.pp_enabled):
             self.setup()
 
     def save(self, path: str | os.PathLike, training: bool = True) -> Path:

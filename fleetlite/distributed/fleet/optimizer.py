@@ -21,9 +21,10 @@ A thin wrapper over any torch optimizer that adds, from the strategy:
 * the meta-optimizers (``lamb``, ``lars``, ``localsgd``, ``adaptive_localsgd``,
   ``dgc``), applied in eager mode by
   :mod:`~fleetlite.distributed.fleet.meta_optimizers` (``meta``);
-* hybrid parallel (``mp_degree``/``pp_degree`` > 1): Paddle's ``grad_clip=ClipGradByGlobalNorm(c)``, read
-  from ``optimizer._grad_clip``, clips by the norm of the whole model across the mesh right before each real
-  step (after unscaling and merge averaging): Note [hybrid global norm] (``hybrid_clip.last_norm``).
+* clipping: Paddle's ``grad_clip=`` (``ClipGradByGlobalNorm(c)``, ``ClipGradByNorm``, ``ClipGradByValue``),
+  read from ``optimizer._grad_clip``, clips right before each real step (after unscaling and merge
+  averaging), in every layout, by the norm of the whole model across the mesh: Note [who clips]
+  (``hybrid_clip``, its ``last_norm``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from . import context
 from .amp import AmpHelper
 from .gradient_merge import GradientMerge
 from .meta_optimizers import MetaOptimizers
-from .meta_parallel.hybrid_clip import HybridParallelClipGrad, grad_clip_norm_of
+from .meta_parallel.hybrid_clip import StepClip
 from .meta_parallel.hybrid_sharding import mark_partition
 from .strategy import DistributedStrategy
 
@@ -81,6 +82,14 @@ def _consolidate(zero: Any) -> None:
     tdist.gather_object(_to_cpu(zero.optim.state_dict()), gathered, dst=tdist.get_global_rank(group, 0),
                         group=group)
     zero._all_state_dicts = gathered if rank == 0 else []
+
+
+def _drop_clip(optimizer: torch.optim.Optimizer) -> None:
+    """Remove the clip hook a DistributedOptimizer put on ``optimizer`` (Note [who clips]), if any."""
+    handle = getattr(optimizer, "_fleet_clip_hook", None)
+    if handle is not None:
+        handle.remove()
+        optimizer._fleet_clip_hook = None
 
 
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
@@ -137,23 +146,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if strategy.sharding_stage == 2 and hasattr(self.inner_opt, "_param_to_rank"):
             mark_partition(self.inner_opt)  # the model keeps the gradients this rank owns
         self._sharded_model: nn.Module | None = None  # stage 2/3: the ShardedDataParallel model
-        self.hybrid_clip = self._hybrid_clip(optimizer)
+        # Note [who clips]: this optimizer clips, right before the real step, in every layout: its _grad_clip
+        # (Paddle's grad_clip=), or what a training loop hands it (step_clipper)
+        self.hybrid_clip = StepClip(hcg=context.state.hcg, owner=optimizer)
+        self._clip_on(self.inner_opt)
 
-    def _hybrid_clip(self, optimizer: torch.optim.Optimizer) -> HybridParallelClipGrad | None:
-        """Under mp/pp/sep, the optimizer's ``_grad_clip`` global-norm clipping across the mesh, as a step pre-hook."""
-        hcg, norm = context.state.hcg, grad_clip_norm_of(getattr(optimizer, "_grad_clip", None))
-        if hcg is None or norm is None or (hcg.get_model_parallel_world_size() == 1
-                                           and hcg.get_pipe_parallel_world_size() == 1
-                                           and hcg.get_sep_parallel_world_size() == 1):
-            return None
-        clip = HybridParallelClipGrad(norm, hcg)
+    def _clip_pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The step pre-hook of the optimizer that really steps (registered again on one rebuilt over shards)."""
+        self.hybrid_clip([p for g in opt.param_groups for p in g["params"]])
 
-        def pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            clip([p for g in opt.param_groups for p in g["params"]])
+    def _clip_on(self, opt: torch.optim.Optimizer) -> None:
+        """Clip in ``opt``'s steps. One clip hook per optimizer: a later DistributedOptimizer over the same torch
+        optimizer (a second Trainer setup) replaces an earlier one's (Note [who clips])."""
+        _drop_clip(opt)
+        opt._fleet_clip_hook = opt.register_step_pre_hook(self._clip_pre_step)
 
-        self._clip_pre_step = pre_step  # (registered again on an optimizer rebuilt over stage-3 shards)
-        self.inner_opt.register_step_pre_hook(pre_step)
-        return clip
+    @property
+    def _grad_clip(self) -> Any:
+        """Paddle's attribute, the wrapped optimizer's (what this optimizer clips with by default)."""
+        return getattr(self.user_opt, "_grad_clip", None)
 
     @staticmethod
     def _shard(optimizer: torch.optim.Optimizer, group) -> torch.optim.Optimizer:
@@ -204,9 +215,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "model returned by fleet.distributed_model")
         if hasattr(model, "sharded_param"):  # stage 2/3: step the sharded parameters that replaced the originals
             if any(model.replaces(p) for g in self.inner_opt.param_groups for p in g["params"]):
+                _drop_clip(self.inner_opt)  # the clip goes where the step is: the optimizer over the shards
                 self.inner_opt = rebuild_optimizer(self.inner_opt, model.sharded_param)
-                if self.hybrid_clip is not None:  # stage 3 beside mp: the clip belongs to the optimizer that steps
-                    self.inner_opt.register_step_pre_hook(self._clip_pre_step)
+                self._clip_on(self.inner_opt)
             self._sharded_model = model
         self.merge.attach(model)
         self.meta.attach(model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...distributed import collective
 from ...distributed.fleet.data_group import data_group
 
 __all__ = ["DataAdapter", "describe_sizes", "data_split", "check_data_split"]
@@ -25,9 +26,10 @@ def data_split() -> dict[str, int]:
 
 
 def check_data_split(num_replicas: int, rank: int, what: str) -> None:
-    """Under a hybrid topology a sampler the user built must split over the data-parallel group only."""
+    """Where the data group is narrower than the world (Note [data group]: fleet's plan splits models across
+    ranks), a sampler the user built must split over that group only."""
     g = data_group()
-    if g.hybrid and (num_replicas, rank) != (g.size, g.rank):
+    if g.size != collective.get_world_size() and (num_replicas, rank) != (g.size, g.rank):
         raise ValueError(f"{what} splits the data over {num_replicas} replicas (this rank {rank}), but under the "
                          f"hybrid topology the ranks of one tensor-parallel group or pipeline must read the same "
                          f"batches: split over the data-parallel group, num_replicas="

@@ -297,7 +297,8 @@ class PipelineParallel(WrappedModel):
         functions (``PipelineLayer(loss_fn=[...])``) a list, one per function, of which ``loss_fn_idx`` is the
         one trained; ``return_micro_batch_loss=True``: each micro-batch's loss instead (Paddle's: divided by
         ``accumulate_steps``). ``optimizer._grad_clip``
-        (Paddle's ``grad_clip=``) is applied after the gradient reductions, the global norm across all stages.
+        (Paddle's ``grad_clip=``) is applied once, after the gradient reductions, the global norm across all
+        stages: by a ``fleet.distributed_optimizer`` in its step, else here (Note [who clips]).
         With ``scaler`` (``fleet.distributed_scaler(GradScaler(...))``: its skip decision agrees on every rank),
         the last stage scales each micro-batch's loss and every stage steps through ``scaler.step`` /
         ``scaler.update``. Under strategy ``amp`` with float16 a ``fleet.distributed_optimizer`` brings its own
@@ -316,12 +317,15 @@ class PipelineParallel(WrappedModel):
         finally:
             self._scaler = None
         self._reduce_gradients()
-        # fleet.distributed_optimizer clips in its own step hook (hybrid_clip) under pp: do not clip twice
-        clip = getattr(optimizer, "_grad_clip", None) if getattr(optimizer, "hybrid_clip", None) is None else None
+        from ...gradients import GradGroups
+        from ..hybrid_clip import step_clipper
+
+        # Note [who clips]: a fleet.distributed_optimizer clips in its own step; a plain optimizer's _grad_clip here
+        clip = step_clipper(optimizer, hcg=self._hcg, groups=GradGroups(pipe=self.pp_group))
         if clip is not None:
             if scaler is not None and amp is None:
                 scaler.unscale_(optimizer)
-            self._clip_gradients(clip)
+            clip(self._layers.parameters())
         if scaler is not None and amp is None:
             scaler.step(optimizer)
             scaler.update()
@@ -331,26 +335,6 @@ class PipelineParallel(WrappedModel):
         if lr_scheduler is not None:
             lr_scheduler.step()
         return self._losses(table, return_micro_batch_loss)
-
-    @torch.no_grad()
-    def _clip_gradients(self, clip: Any) -> None:
-        """Paddle's ``optimizer._grad_clip`` (its HybridParallelClipGrad for the global norm).
-
-        ``ClipGradByGlobalNorm``: the norm over the whole model, each parameter counted once (a shared weight
-        only where ``is_firstly_shared``; data-parallel replicas hold equal, averaged gradients), summed over
-        the pipeline group. Per-tensor clippers (by norm, by value) apply here as they are.
-        """
-        params = [p for p in self._layers.parameters() if p.grad is not None]
-        if type(clip).__name__ != "ClipGradByGlobalNorm":
-            clip(params)
-            return
-        from ...gradients import GradGroups, clip_by_global_norm  # Note [one gradient rule]
-        from ..hybrid_clip import clip_grad_norm_hybrid
-
-        if self._hcg is not None:  # slices, stages, stage-2 owners: Note [hybrid global norm]
-            clip_grad_norm_hybrid(params, float(clip.clip_norm), self._hcg)
-        else:
-            clip_by_global_norm(params, float(clip.clip_norm), GradGroups(pipe=self.pp_group))
 
     def _check_scaler(self, scaler: Any, optimizer: Any) -> tuple[Any, Any]:
         """(the scaler of this batch, the optimizer's AmpHelper when it scales and steps itself, else None).
@@ -383,6 +367,11 @@ class PipelineParallel(WrappedModel):
         self.eval()
         table, out = self._run(data, train=False, compute_loss=compute_loss)
         return self._losses(table, False) if compute_loss else out
+
+    @property
+    def last_stage_rank(self) -> int:
+        """The global rank of this pipeline's last stage (the one that computes the loss and the outputs)."""
+        return self._last_rank
 
     # -- the WrappedModel protocol's full weights (Note [hybrid full state]) --------------------------------------
     @property

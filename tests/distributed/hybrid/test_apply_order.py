@@ -145,3 +145,27 @@ def test_a_pipeline_layer_must_match_the_pipeline_degree():
 def test_an_unknown_sharding_stage_is_refused():
     with pytest.raises(ValueError, match="sharding stage 4 is not one of"):
         _plan({"dp": 2}, 2).wrapper(4)
+
+
+def _plain_module_under_pp2(rank, world):
+    import torch.nn as nn
+
+    import fleetlite.distributed.fleet as fleet
+    from fleetlite.distributed.fleet import fleet as fleet_impl
+
+    fleet_impl._reset()
+    strategy = fleet.DistributedStrategy(amp=True)
+    strategy.amp_configs = {"dtype": "bfloat16"}
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="got a module that is not a PipelineLayer"):
+        fleet.distributed_model(model)
+    return "forward" in vars(model)  # did amp wrap its forward before the refusal?
+
+
+def test_a_plain_module_under_pp_is_refused_before_any_strategy_applies():
+    """The plan's check runs first (Note [apply order]): the model comes back untouched, on every rank."""
+    from fleetlite.testing import run_ranks
+
+    assert run_ranks(_plain_module_under_pp2, world_size=2, timeout=120) == [False, False]

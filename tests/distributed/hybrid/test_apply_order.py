@@ -169,3 +169,19 @@ def test_a_plain_module_under_pp_is_refused_before_any_strategy_applies():
     from fleetlite.testing import run_ranks
 
     assert run_ranks(_plain_module_under_pp2, world_size=2, timeout=120) == [False, False]
+
+
+@pytest.mark.parametrize("which", ["localsgd", "dgc", "lamb"])
+def test_a_meta_optimizer_beside_hybrid_configs_sharding_is_refused(which):
+    """hybrid_configs' sharding_degree turns sharding on as strategy.sharding does (Paddle's rule; the optimizer is
+    then ZeRO over the sharding axis, and what steps is not the meta-optimizer): refused alike, not a warning."""
+    import torch
+
+    from fleetlite.distributed.fleet import DistributedStrategy
+    from fleetlite.distributed.fleet.meta_optimizers import MetaOptimizers
+
+    s = DistributedStrategy(**{which: True})
+    s.hybrid_configs = {"sharding_degree": 2, "mp_degree": 2}
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(NotImplementedError, match=f"strategy.{which} with strategy.sharding \\(or hybrid_configs"):
+        MetaOptimizers(opt, s)

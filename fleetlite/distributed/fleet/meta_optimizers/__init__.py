@@ -51,9 +51,10 @@ def _refuse_combinations(s) -> None:
     if len(on) > 1:
         raise NotImplementedError(f"strategy.{on[0]} and strategy.{on[1]} together: each replaces the optimizer or "
                                   "the gradient exchange, and Paddle does not combine them; turn one off")
-    if on and s.sharding:
-        raise NotImplementedError(f"strategy.{on[0]} with strategy.sharding: the sharded optimizer is rebuilt from "
-                                  "the optimizer's class and the sharded model has no comm hook; turn one off")
+    if on and s.sharding_enabled:  # strategy.sharding, or hybrid_configs' sharding_degree > 1 (ZeRO over its axis)
+        raise NotImplementedError(f"strategy.{on[0]} with strategy.sharding (or hybrid_configs['sharding_degree'] > "
+                                  "1): the sharded optimizer is rebuilt from the optimizer's class and the sharded "
+                                  "model has no comm hook; turn one off")
     if on == ["dgc"] and s.fp16_allreduce:
         raise NotImplementedError("strategy.dgc with strategy.fp16_allreduce: DGC sends float32 values and "
                                   "indices, not a float16 all-reduce; turn one of them off")

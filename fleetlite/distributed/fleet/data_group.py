@@ -3,10 +3,10 @@
 # Note [data group]
 Under hybrid parallelism the ranks of one tensor-parallel group compute one model replica together, and
 so do the stages of one pipeline: they must read the SAME batches. Data is therefore split over the
-data-parallel axis only. The rule, in this one place: when fleet's parallel plan has ``mp_degree``,
-``pp_degree`` or ``sep_degree`` above 1, the data group is the plan's ``data`` group, dp × sharding
+data-parallel axes only. The rule, in this one place: the data group is the plan's ``data`` group, dp × sharding
 (rank = ``plan.data_rank``, hcg's ``get_data_sharding_parallel_rank()``, size = dp × sharding degree: the
-sharding axis splits data as dp does, Note [sharding with mp and pp]); otherwise it is the world. Everything the Trainer
+sharding axis splits data as dp does, Note [sharding with mp and pp]); when that is every rank (no ``mp_degree``,
+``pp_degree`` or ``sep_degree`` above 1) it is the world, torch's default group. Everything the Trainer
 splits or sums over data uses it: its samplers (explicit ``num_replicas`` / ``rank``), the loss and metric
 sums of fit and evaluate (one all-reduce over the group; a torchmetrics metric's ``process_group``), the
 gathering of predictions. ``DistributedBatchSampler()``'s own default stays Paddle's (the world): in a
@@ -63,6 +63,6 @@ def data_group() -> DataGroup:
         collective.all_reduce(sums, group=g.group)   # sums over the ranks that read different data
     """
     plan = context.state.plan if context.state.strategy is not None else None
-    if plan is not None and plan.built and plan.hybrid:  # (fleet.init builds a hybrid plan)
-        return DataGroup(plan.data_rank, plan.data_size, plan.group("data"), True)
-    return DataGroup(collective.get_rank(), collective.get_world_size(), None, False)
+    if plan is None or not plan.built or plan.data_size == plan.world_size:  # dp x sharding is every rank: the world
+        return DataGroup(collective.get_rank(), collective.get_world_size(), None, False)
+    return DataGroup(plan.data_rank, plan.data_size, plan.group("data"), True)  # (fleet.init built this plan)

@@ -136,8 +136,7 @@ def init(role_maker: PaddleCloudRoleMaker | None = None, is_collective: bool = T
     plan = ParallelPlan.from_strategy(resolved, _world_size(), ParallelEnv().device.type)
     if not plan.same_layout(_state.plan):
         _state.plan = plan  # a new strategy with other degrees or order: a new plan (the same one keeps its groups)
-    partial_stage1 = resolved.sharding_stage == 1 and 1 < plan.sharding < plan.world_size
-    if plan.hybrid or partial_stage1:
+    if plan.needs_groups(resolved.sharding_stage):  # a split model, or the optimizer state over a sharding axis
         _topology.hcg_of(_state.plan)  # builds the mesh and its groups (collective: every rank calls init)
     if worker_index() == 0:
         logger.info("fleet initialised: %d worker(s), %r", worker_num(), resolved)
@@ -244,7 +243,8 @@ def distributed_model(model: nn.Module) -> nn.Module:
     :class:`PipelineLayer` becomes a ``PipelineParallel`` (the strategies above
     applied to its stage: Note [pipeline strategies]), a model with mp > 1 a
     ``TensorParallel`` over dp × sharding (Note [sharding with mp and pp]); there sharding stage 2 is not FSDP2
-    but each gradient reduced to its ZeRO owner (Note [hybrid sharding stage 2]).
+    but each gradient reduced to its ZeRO owner (Note [hybrid sharding stage 2]). The parallel plan decides the
+    steps, once (Note [apply order] in plan.py): ``fleet.get_parallel_plan().apply_steps(...)``.
     """
     strategy = _require_init("distributed_model")
     strategy.check_supported(_world_size())
@@ -253,8 +253,28 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if isinstance(model, (DataParallelBase, nn.parallel.DistributedDataParallel, ShardedDataParallel)):
         raise ValueError(f"the model is already wrapped in {type(model).__name__}; pass the plain module to "
                          "fleet.distributed_model")
-    if isinstance(model, PipelineLayer) and (strategy.hybrid_configs["pp_degree"] > 1 or model.get_num_stages() > 1):
-        return _pipeline_model(model, strategy)  # one stage at pp_degree 1 is any module, as in Paddle
+    plan = _state.plan
+    stages = model.get_num_stages() if isinstance(model, PipelineLayer) else None
+    steps = plan.apply_steps(strategy.sharding_stage, stages, distributed=collective.is_initialized())
+    for step in steps:  # Note [apply order]: the model-side strategies, then one wrapper
+        model = _APPLY[step](model, strategy, plan)
+    return model
+
+
+def _register(wrapped: nn.Module) -> nn.Module:
+    """Keep a model whose gradients the engine or FSDP2 reduces, and attach the optimizers built before it over its
+    parameters (gradient merge, sharding stage 2/3, the meta-optimizers' comm hooks)."""
+    _state.models.add(wrapped)
+    params = {id(p) for p in wrapped.parameters()}
+    for opt in list(_state.optimizers):
+        opt_params = [p for g in opt.param_groups for p in g["params"]]
+        if any(id(p) in params or getattr(wrapped, "replaces", lambda _: False)(p) for p in opt_params):
+            opt.attach_model(wrapped)
+    return wrapped
+
+
+def _model_strategies(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    """sync_batch_norm, recompute and amp on the whole model, in that order (the names checked first)."""
     if strategy.recompute:  # validate the names before changing anything
         resolve_checkpoints(model, strategy.recompute_configs["checkpoints"])
     if strategy.sync_batch_norm:
@@ -268,40 +288,12 @@ def distributed_model(model: nn.Module) -> nn.Module:
     if strategy.sharding_stage >= 2 and not collective.is_initialized():
         warn_user(f"sharding stage {strategy.sharding_stage} with a single process: nothing to shard across, "
                   "the model is not sharded")
-    plan = _state.plan  # (built by init when pp or mp is above 1)
-    if strategy.sharding_stage == 3 and plan.mp_enabled:  # FSDP2 over dp x sharding (Note [stage 3 beside mp])
-        wrapped = distributed_stage3(model, strategy, _topology.hcg_of(plan))
-    elif plan.pp_enabled:  # Paddle's order: pp, then mp, then the rest
-        wrapped = _pipeline_parallel(model, strategy, _topology.hcg_of(plan))
-    elif plan.mp_enabled:
-        wrapped = _tensor_parallel(model, strategy, _topology.hcg_of(plan))
-    elif plan.sep_enabled:  # Paddle's SegmentParallel (sep_degree > 1)
-        wrapped = _segment_parallel(model, strategy, _topology.hcg_of(plan))
-    elif strategy.sharding_stage >= 2 and collective.is_initialized():
-        wrapped = _shard_model(model, strategy)
-    else:
-        wrapped = _data_parallel(model, strategy)
-    _state.models.add(wrapped)
-    params = {id(p) for p in wrapped.parameters()}
-    for opt in list(_state.optimizers):
-        opt_params = [p for g in opt.param_groups for p in g["params"]]
-        if any(id(p) in params or getattr(wrapped, "replaces", lambda _: False)(p) for p in opt_params):
-            opt.attach_model(wrapped)
-    return wrapped
+    return model
 
 
-def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.Module:
-    """A PipelineLayer becomes a PipelineParallel (hybrid_configs pp_degree > 1, matching its stages)."""
-    from .meta_parallel.pipeline.parallel import PipelineParallel  # torch.distributed.pipelining: only when used
-
-    pp = strategy.hybrid_configs["pp_degree"]
-    if pp <= 1:
-        raise ValueError(f"fleet.distributed_model got a PipelineLayer but hybrid_configs['pp_degree'] is {pp} (data "
-                         f"parallel); set strategy.hybrid_configs = {{'pp_degree': {model.get_num_stages()}, ...}}")
-    if pp != model.get_num_stages():
-        raise ValueError(f"the PipelineLayer has {model.get_num_stages()} stages but hybrid_configs['pp_degree'] is "
-                         f"{pp}; build it with num_stages={pp} or topology=hcg.topology()")
-    hcg = get_hybrid_communicate_group()
+def _stage_strategies(model: PipelineLayer, strategy: DistributedStrategy, plan: ParallelPlan) -> PipelineLayer:
+    """sync_batch_norm, recompute and amp on this rank's pipeline stage (Note [pipeline strategies])."""
+    hcg = _topology.hcg_of(plan)
     # Note [pipeline strategies]
     # The model-side strategies apply to this rank's stage, in distributed_model's order, each checked on every
     # stage (one all_gather over the pipe group) before anything changes, so a bad setting fails everywhere:
@@ -321,8 +313,7 @@ def _pipeline_model(model: PipelineLayer, strategy: DistributedStrategy) -> nn.M
     if strategy.amp:
         warn_cpu_amp(strategy, _first_device(model))
         model.forward = _AutocastForward(model, DTYPES[strategy.amp_configs["dtype"]])
-    # not in _state.models: the pipeline reduces its own gradients (no DataParallel for an optimizer to attach to)
-    return PipelineParallel(model, hcg=hcg, strategy=strategy)
+    return model
 
 
 def _pipeline_checkpoints(model: PipelineLayer, strategy: DistributedStrategy, hcg) -> list[str]:
@@ -363,25 +354,23 @@ def _pipeline_sync_batch_norm(model: PipelineLayer, hcg) -> None:
     model.run_function = [swapped.get(id(f), f) for f in model.run_function]
 
 
-def _shard_model(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
-    """Stage 2/3: FSDP2 over the sharding degree's mesh; amp's dtype is the parameter (compute) dtype."""
+def _sharded(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    """Stage 2/3 alone: FSDP2 over the sharding degree's mesh; amp's dtype is the parameter (compute) dtype."""
     cfg = strategy.sharding_configs
     param_dtype = DTYPES[strategy.amp_configs["dtype"]] if strategy.amp else None
     reduce_dtype = DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else (
         torch.float32 if param_dtype is not None else None)
-    return ShardedDataParallel(model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(
-        _world_size()), offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-        wrap=cfg["wrap"] or None)
+    return _register(ShardedDataParallel(
+        model, stage=strategy.sharding_stage, sharding_degree=strategy.sharding_degree(_world_size()),
+        offload=cfg["offload"], param_dtype=param_dtype, reduce_dtype=reduce_dtype, wrap=cfg["wrap"] or None))
 
 
-def _pipeline_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
-    """pp_degree > 1: Paddle's ``PipelineParallel(layers, hcg, strategy=...)`` (meta_parallel/pipeline/)."""
-    try:
-        from .meta_parallel.pipeline import PipelineParallel
-    except ImportError:
-        raise NotImplementedError("pp_degree > 1 needs fleet.meta_parallel.pipeline (PipelineLayer, PipelineParallel), "
-                                  "which this build lacks; set pp_degree = 1") from None
-    return PipelineParallel(model, hcg, strategy=strategy)
+def _pipeline(model: PipelineLayer, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    """pp_degree > 1: Paddle's ``PipelineParallel(layers, hcg, strategy=...)`` (meta_parallel/pipeline/); not kept
+    for the optimizers to attach to: the pipeline reduces its own gradients."""
+    from .meta_parallel.pipeline.parallel import PipelineParallel  # torch.distributed.pipelining: only when used
+
+    return PipelineParallel(model, hcg=_topology.hcg_of(plan), strategy=strategy)
 
 
 def _engine_args(strategy: DistributedStrategy) -> dict[str, Any]:
@@ -394,22 +383,33 @@ def _engine_args(strategy: DistributedStrategy) -> dict[str, Any]:
             "comm_dtype": DTYPES[strategy.fp16_allreduce_configs["dtype"]] if strategy.fp16_allreduce else None}
 
 
-def _tensor_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
-    """mp_degree > 1: TensorParallel (replicated parameters agreed over mp, the engine over the dp group)."""
+def _tensor(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    """mp_degree > 1: TensorParallel (replicated parameters agreed over mp, the engine over dp × sharding)."""
     from .meta_parallel import TensorParallel
 
-    return TensorParallel(model, hcg, strategy, **_engine_args(strategy))
+    return _register(TensorParallel(model, _topology.hcg_of(plan), strategy, **_engine_args(strategy)))
 
 
-def _segment_parallel(model: nn.Module, strategy: DistributedStrategy, hcg) -> nn.Module:
+def _tensor_stage3(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    """Sharding stage 3 beside mp: FSDP2 over dp × sharding (Note [stage 3 beside mp])."""
+    return _register(distributed_stage3(model, strategy, _topology.hcg_of(plan)))
+
+
+def _segment(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
     """sep_degree > 1: SegmentParallel, the engine over dp × sep (meta_parallel/segment_parallel.py)."""
     from .meta_parallel import SegmentParallel
 
-    return SegmentParallel(model, hcg, strategy, **_engine_args(strategy))
+    return _register(SegmentParallel(model, _topology.hcg_of(plan), strategy, **_engine_args(strategy)))
 
 
-def _data_parallel(model: nn.Module, strategy: DistributedStrategy) -> nn.Module:
-    return DataParallel(model, **_engine_args(strategy))
+def _data(model: nn.Module, strategy: DistributedStrategy, plan: ParallelPlan) -> nn.Module:
+    return _register(DataParallel(model, **_engine_args(strategy)))
+
+
+#: the step functions of ParallelPlan.apply_steps' names (Note [apply order])
+_APPLY = {"strategies": _model_strategies, "stage_strategies": _stage_strategies, "pipeline": _pipeline,
+          "tensor": _tensor, "tensor_stage3": _tensor_stage3, "segment": _segment, "sharded": _sharded,
+          "data": _data}
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer,
@@ -448,15 +448,12 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer,
 
 
 def _hybrid_sharding_group(strategy: DistributedStrategy) -> Any:
-    """Stage 1 over hybrid_configs' sharding axis (next to mp/pp, or dp × sharding), and stage 2 next to mp/pp: the
-    hcg's sharding group holds the optimizer state (Notes [sharding with mp and pp], [hybrid sharding stage 2]);
-    None: every rank (plain stage 1), or FSDP2 (plain stages 2/3)."""
+    """The group whose ranks partition the optimizer state, as the plan says (``optimizer_state_axis``: stage 1 over
+    hybrid_configs' sharding axis, stage 2 beside mp/pp; Notes [sharding with mp and pp], [hybrid sharding stage
+    2]); None: every rank (plain stage 1), or FSDP2 (plain stages 2/3)."""
     plan = _state.plan
-    if plan is None or not plan.built or not 1 < plan.sharding < plan.world_size:
-        return None
-    if strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and (plan.mp_enabled or plan.pp_enabled)):
-        return plan.group("sharding")
-    return None
+    axis = plan.optimizer_state_axis(strategy.sharding_stage) if plan is not None and plan.built else None
+    return None if axis is None else plan.group(axis)
 
 
 def distributed_scaler(scaler: torch.amp.GradScaler) -> DistGradScaler:

@@ -138,7 +138,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    strategy.gradient_merge_configs["avg"])
         self.stepped = False
         self.amp = amp if amp is not None else AmpHelper(enabled=False)
-        self.meta = MetaOptimizers(optimizer, strategy, context.state.hcg)  # lamb/lars/localsgd/dgc: what steps
+        self.meta = MetaOptimizers(optimizer, strategy, context.state.plan)  # lamb/lars/localsgd/dgc: what steps
         # stage 1, and stage 2 next to mp/pp (the hcg's sharding group: Note [hybrid sharding stage 2]), partition the
         # optimizer state with ZeroRedundancyOptimizer; plain stages 2/3 rebuild it over FSDP2's shards at attach
         zero = strategy.sharding_stage == 1 or (strategy.sharding_stage == 2 and group is not None)

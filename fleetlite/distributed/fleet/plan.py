@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-__all__ = ["ParallelPlan", "AXES", "GROUPS", "check_degrees", "resolve_degrees"]
+__all__ = ["ParallelPlan", "AXES", "GROUPS", "MODEL_WRAPPERS", "DATA_WRAPPERS", "ENGINE_WRAPPERS", "check_degrees",
+           "resolve_degrees"]
 
 #: the hybrid axes, Paddle's default order (outermost first)
 AXES = ("dp", "pp", "sharding", "sep", "mp")
@@ -55,6 +56,39 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "dp_sep": ("dp", "sep"),  # Paddle's get_dp_sep_parallel_group: segment parallelism averages over it
     "pp_mp": ("pp", "mp"),  # Paddle's get_pp_mp_parallel_group
 }
+
+
+# Note [apply order]
+# ``fleet.distributed_model`` applies a strategy to a model in one fixed order, decided once by the plan
+# (:meth:`ParallelPlan.apply_steps`) from its degrees and the strategy's sharding stage, in torchtitan's shape
+# (``parallelize.py``: the pipeline split first, then tensor parallel, context parallel, activation
+# checkpointing and compile, then FSDP or DDP, each step on its own mesh dimension) with Paddle's order
+# (``fleet/model.py`` ``distributed_model``, by ``HybridCommunicateGroup.get_parallel_mode``: pp, then mp, then
+# sep, then sharding, then dp):
+# 1. the model is checked against the plan: a ``PipelineLayer`` has as many stages as ``pp_degree`` (one stage at
+#    ``pp_degree`` 1 is any module, as in Paddle), and ``pp_degree > 1`` needs a ``PipelineLayer``;
+# 2. the model-side strategies (sync batch norm, recompute, amp): ``"strategies"`` on the whole model, or
+#    ``"stage_strategies"`` on this rank's pipeline stage (Note [pipeline strategies] in fleet.py);
+# 3. one wrapper, the first of :data:`MODEL_WRAPPERS` whose axis is above 1 (``"pipeline"``, ``"tensor"``,
+#    ``"segment"``: each runs the data/sharding axes inside itself), with sharding stage 3 beside tensor
+#    parallelism ``"tensor_stage3"`` (FSDP2 over dp x sharding: Note [stage 3 beside mp]); with none of them
+#    the data/sharding wrapper of :data:`DATA_WRAPPERS` (``"sharded"``: FSDP2 for stages 2 and 3; ``"data"``:
+#    the data-parallel engine, whose optimizer shards stage 1).
+# The optimizer side asks the same plan which group holds the optimizer state (:meth:`optimizer_state_axis`).
+
+#: Paddle's order of the model-parallel wrappers: the first axis above 1 names the model's wrapper
+MODEL_WRAPPERS: tuple[tuple[str, str], ...] = (("pp", "pipeline"), ("mp", "tensor"), ("sep", "segment"))
+#: with no model-parallel axis above 1, the wrapper by sharding stage (0: no sharding; stage 1 shards the optimizer)
+DATA_WRAPPERS: dict[int, str] = {0: "data", 1: "data", 2: "sharded", 3: "sharded"}
+#: sharding stage 3 beside a model-parallel wrapper (the pipeline shards its stage itself: Note [stage 3 beside pp])
+_STAGE3_BESIDE = {"tensor": "tensor_stage3"}
+#: the model-side strategies' step before each wrapper (a pipeline's apply to this rank's stage)
+_STRATEGIES_BEFORE = {"pipeline": "stage_strategies"}
+#: the wrappers whose gradients fleetlite's data-parallel engine reduces (buckets, comm hooks, ``no_sync``)
+ENGINE_WRAPPERS = frozenset({"data", "tensor", "segment"})
+#: the wrappers beside which sharding stage 2 partitions the optimizer state over the sharding axis and reduces each
+#: gradient to its owner (Note [hybrid sharding stage 2]); alone, stage 2 is FSDP2's
+_OWNER_REDUCE_WRAPPERS = frozenset({"tensor", "pipeline"})
 
 
 def resolve_degrees(hybrid_configs: Mapping[str, Any], world_size: int) -> dict[str, int]:
@@ -212,6 +246,77 @@ class ParallelPlan:
         world / (mp * pp) holds the same parameters)."""
         return {"dp": self.dp * self.sharding * self.sep, "mp": self.mp, "pp": self.pp}
 
+    # -- what distributed_model and distributed_optimizer apply (Note [apply order]; no process group) --------
+    def wrapper(self, sharding_stage: int = 0, distributed: bool = True) -> str:
+        """The one wrapper ``fleet.distributed_model`` gives a model under this plan (Note [apply order]):
+        ``"pipeline"``, ``"tensor"``, ``"tensor_stage3"``, ``"segment"``, ``"sharded"`` or ``"data"``.
+        ``distributed``: whether a process group exists (without one, sharding has nothing to shard across).
+
+        Example::
+
+            ParallelPlan({"dp": 2, "mp": 2}, AXES, 4, rank=0).wrapper(sharding_stage=3)   # "tensor_stage3"
+        """
+        if sharding_stage not in DATA_WRAPPERS:
+            raise ValueError(f"sharding stage {sharding_stage} is not one of {sorted(DATA_WRAPPERS)}")
+        kind = next((k for axis, k in MODEL_WRAPPERS if self.degrees[axis] > 1), None)
+        if kind is None:
+            return DATA_WRAPPERS[sharding_stage] if distributed else "data"
+        return _STAGE3_BESIDE.get(kind, kind) if sharding_stage == 3 else kind
+
+    def apply_steps(self, sharding_stage: int = 0, stages: int | None = None,
+                    distributed: bool = True) -> tuple[str, str]:
+        """``fleet.distributed_model``'s steps for a model, in order (Note [apply order]): the model-side
+        strategies' step (``"strategies"`` or, for a pipeline, ``"stage_strategies"``), then the wrapper
+        (:meth:`wrapper`). ``stages``: the model's pipeline stages when it is a ``PipelineLayer``, else None.
+        Raises, before anything is applied, when the model does not fit the plan.
+
+        Example::
+
+            plan = ParallelPlan({"pp": 2}, AXES, 2, rank=0)
+            plan.apply_steps(stages=2)      # ("stage_strategies", "pipeline")
+        """
+        self.check_stages(stages)
+        kind = self.wrapper(sharding_stage, distributed)
+        return _STRATEGIES_BEFORE.get(kind, "strategies"), kind
+
+    def check_stages(self, stages: int | None) -> None:
+        """Raise, in one line, when a model with ``stages`` pipeline stages (None: a module that is no
+        ``PipelineLayer``, one stage) does not fit this plan's pp degree: a TypeError for a plain module under
+        ``pp_degree > 1``, else a ValueError."""
+        pp = self.pp
+        if (1 if stages is None else stages) == pp:
+            return
+        if stages is None:
+            raise TypeError(f"hybrid_configs['pp_degree'] is {pp} but fleet.distributed_model got a module that is not "
+                            f"a PipelineLayer; describe the model as PipelineLayer([LayerDesc(...), ...], "
+                            f"num_stages={pp})")
+        if pp == 1:
+            raise ValueError(f"fleet.distributed_model got a PipelineLayer but hybrid_configs['pp_degree'] is {pp} "
+                             f"(data parallel); set strategy.hybrid_configs = {{'pp_degree': {stages}, ...}}")
+        raise ValueError(f"the PipelineLayer has {stages} stages but hybrid_configs['pp_degree'] is {pp}; build it "
+                         f"with num_stages={pp} or topology=hcg.topology()")
+
+    def optimizer_state_axis(self, sharding_stage: int) -> str | None:
+        """The axis whose ranks partition the optimizer state where the optimizer does it (a
+        ``ZeroRedundancyOptimizer`` over that axis's group): ``"sharding"`` for stage 1 over a sharding axis narrower
+        than the world, and for stage 2 beside tensor or pipeline parallelism (Note [hybrid sharding stage 2]);
+        None where the optimizer over every rank does (plain stage 1), FSDP2 does (stages 2/3 alone, stage 3
+        beside mp) or nothing is sharded.
+
+        Example::
+
+            ParallelPlan({"sharding": 2, "mp": 2}, AXES, 4, rank=0).optimizer_state_axis(2)   # "sharding"
+        """
+        by_optimizer = sharding_stage == 1 or (
+            sharding_stage == 2 and self.wrapper(sharding_stage) in _OWNER_REDUCE_WRAPPERS)
+        return "sharding" if by_optimizer and 1 < self.sharding < self.world_size else None
+
+    def needs_groups(self, sharding_stage: int) -> bool:
+        """Whether the model's wrapper or the optimizer will ask for a group other than the world: a model split
+        over mp, pp or sep, or the optimizer state over a sharding axis (``fleet.init`` then builds the mesh, on
+        every rank)."""
+        return self.data_size < self.world_size or self.optimizer_state_axis(sharding_stage) is not None
+
     # -- rank arithmetic (no process group) ---------------------------------------------------------
     def ranks(self, name: str, rank: int | None = None) -> list[int]:
         """The ranks of ``rank``'s (this rank's) group ``name``: an axis or a group of :data:`GROUPS`, sorted."""
@@ -220,6 +325,17 @@ class ParallelPlan:
             zip(self.order, (self._grid == rank).nonzero()[0].tolist()))
         index = tuple(slice(None) if a in axes else where.get(a, 0) for a in self.order)
         return sorted(self._grid[index].flatten().tolist()) if self.order else [0]
+
+    def group_or_default(self, name: str) -> Any:
+        """The process group ``name`` for a collective's ``group=``: None (torch's default group) when it spans every
+        rank, so that no mesh is built for it (a data-parallel plan's ``data`` group is the world); else
+        :meth:`group` (collective on the first call)."""
+        return None if len(self.ranks(name)) == self.world_size else self.group(name)
+
+    def split_group(self, name: str) -> Any:
+        """The process group over which a value split along ``name`` is summed (a tensor-parallel slice's norm
+        over ``mp``): None when ``name`` has one rank (nothing is split; no mesh is built), else :meth:`group`."""
+        return None if len(self.ranks(name)) == 1 else self.group(name)
 
     def _axes(self, name: str) -> tuple[str, ...]:
         if name in AXES:

@@ -17,7 +17,7 @@ import torch.distributed as tdist
 
 from ....parallel.sharded.rebuild import report_steps_to
 from ....utils.user_warning import warn_user
-from ..gradients import GradGroups
+from ..plan import AXES, ENGINE_WRAPPERS, ParallelPlan
 from ._common import ParamNames
 from .dgc import DGCMomentum
 from .lamb import Lamb
@@ -51,9 +51,10 @@ def _refuse_combinations(s) -> None:
     if len(on) > 1:
         raise NotImplementedError(f"strategy.{on[0]} and strategy.{on[1]} together: each replaces the optimizer or "
                                   "the gradient exchange, and Paddle does not combine them; turn one off")
-    if on and s.sharding:
-        raise NotImplementedError(f"strategy.{on[0]} with strategy.sharding: the sharded optimizer is rebuilt from "
-                                  "the optimizer's class and the sharded model has no comm hook; turn one off")
+    if on and s.sharding_enabled:  # strategy.sharding, or hybrid_configs' sharding_degree > 1 (ZeRO over its axis)
+        raise NotImplementedError(f"strategy.{on[0]} with strategy.sharding (or hybrid_configs['sharding_degree'] > "
+                                  "1): the sharded optimizer is rebuilt from the optimizer's class and the sharded "
+                                  "model has no comm hook; turn one off")
     if on == ["dgc"] and s.fp16_allreduce:
         raise NotImplementedError("strategy.dgc with strategy.fp16_allreduce: DGC sends float32 values and "
                                   "indices, not a float16 all-reduce; turn one of them off")
@@ -64,23 +65,23 @@ def _refuse_combinations(s) -> None:
 
 
 class _Mesh:
-    """Where the meta-optimizers act under ``hybrid_configs``: local SGD and DGC over the data-parallel group
-    only (the model-parallel ranks hold different slices, the pipeline stages different layers), LAMB's and LARS'
-    slice norms over the model-parallel group (Note [layer-wise norms under mp])."""
+    """Where the meta-optimizers act, read from the parallel plan: local SGD and DGC over the ranks that hold the
+    same parameters (the plan's ``loss`` group, dp x sharding x sep: not the tensor-parallel slices nor the pipeline
+    stages; the world under plain data parallelism), LAMB's and LARS' slice norms over the ``mp`` group (Note
+    [layer-wise norms under mp]); what the model's wrapper is (local SGD and DGC need the engine's comm hook)."""
 
-    def __init__(self, hcg) -> None:
-        mp = hcg.get_model_parallel_world_size() if hcg is not None else 1
-        self.pp = hcg.get_pipe_parallel_world_size() if hcg is not None else 1
-        self.hybrid = mp > 1 or self.pp > 1
-        groups = GradGroups.of(hcg)  # Note [one gradient rule]: the ranks that average, the slices' group
-        self.mp_group = groups.model
-        self.data_group = groups.data if self.hybrid else None
-        self.data_world = hcg.get_data_parallel_world_size() if self.hybrid else _world()
-        self.one_rank = (f"the data-parallel group has one rank (mp_degree={mp}, pp_degree={self.pp}, dp_degree=1)"
-                         if self.hybrid else "there is one rank")
+    def __init__(self, plan: ParallelPlan | None, sharding_stage: int = 0) -> None:
+        plan = plan if plan is not None else ParallelPlan({"dp": _world()}, AXES, _world())  # no fleet.init
+        self.mp_group = plan.split_group("mp")
+        self.data_group = plan.group_or_default("loss")  # None: the world (torch's default group)
+        self.data_world = len(plan.ranks("loss"))
+        self.wrapper = plan.wrapper(sharding_stage)
+        self.one_rank = ("there is one rank" if plan.world_size == 1 else "the data-parallel group has one rank "
+                         f"(mp_degree={plan.mp}, pp_degree={plan.pp}, dp_degree=1)")
 
-    def refuse_pipeline(self, which: str) -> None:
-        if self.pp > 1:
+    def refuse_without_hook(self, which: str) -> None:
+        """NotImplementedError when the model's wrapper is not the engine (the pipeline: pp_degree > 1)."""
+        if self.wrapper not in ENGINE_WRAPPERS:
             raise NotImplementedError(f"strategy.{which} with pp_degree > 1: the pipeline reduces its gradients "
                                       "itself and has no comm hook for it; turn one of them off")
 
@@ -88,14 +89,15 @@ class _Mesh:
 class MetaOptimizers:
     """The meta-optimizers a strategy turns on, for one ``DistributedOptimizer``.
 
-    ``optimizer`` is what steps (the user's optimizer, or Lamb/LarsMomentum over its groups).
+    ``optimizer`` is what steps (the user's optimizer, or Lamb/LarsMomentum over its groups); ``plan``: fleet's
+    parallel plan, where the groups come from (None: plain data parallelism over the world).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, strategy, hcg=None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, strategy, plan: ParallelPlan | None = None) -> None:
         self.names = ParamNames()
         self.optimizer = optimizer
         self.applied: list[str] = []
-        self.mesh = _Mesh(hcg)
+        self.mesh = _Mesh(plan, strategy.sharding_stage)
         s = strategy
         _refuse_combinations(s)
         if s.lamb:
@@ -133,7 +135,7 @@ class MetaOptimizers:
             warn_user(f"strategy.{which} is on but {why}: local SGD needs SGD (with or without momentum) and more "
                       "than one data-parallel rank (as in Paddle) and is not applied; training is plain data parallel")
             return
-        mesh.refuse_pipeline(which)
+        mesh.refuse_without_hook(which)
         from .localsgd import AdaptiveAverager, LocalSGDOptimizer
 
         group = mesh.data_group
@@ -156,7 +158,7 @@ class MetaOptimizers:
                       "Momentum) and more than one data-parallel rank, and is not applied; training is dense data "
                       "parallel")
             return
-        self.mesh.refuse_pipeline("dgc")
+        self.mesh.refuse_without_hook("dgc")
         cfg = s.dgc_configs
         self.optimizer = DGCMomentum(optimizer, cfg["rampup_begin_step"], cfg["rampup_step"], cfg["sparsity"],
                                      process_group=self.mesh.data_group)

@@ -15,6 +15,7 @@ Example::
     loss = fleet.meta_parallel.ParallelCrossEntropy()(head(x), labels).mean()
 """
 
+import importlib
 from typing import Any
 
 from .mp_layers import ColumnParallelLinear, ParallelCrossEntropy, RowParallelLinear, VocabParallelEmbedding, is_split
@@ -46,9 +47,11 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "segment_attention", "sequence_offset", "ReshardLayer"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "PipelineParallel":  # torch.distributed.pipelining is imported on first use (about a second)
-        from .pipeline.parallel import PipelineParallel
+#: names imported on first use, by module: torch.distributed.pipelining takes about a second to import
+_LAZY = {"PipelineParallel": ".pipeline.parallel"}
 
-        return PipelineParallel
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

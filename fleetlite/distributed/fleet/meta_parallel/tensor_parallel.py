@@ -50,16 +50,18 @@ class TensorParallel(DataParallel):
     def __init__(self, layers: nn.Module, hcg: Any, strategy: Any = None, **dp_kwargs: Any) -> None:
         if not isinstance(layers, nn.Module):
             raise TypeError(f"TensorParallel needs a torch.nn.Module, got {type(layers).__name__}")
-        mp_group, mp = hcg.get_model_parallel_group(), hcg.get_model_parallel_world_size()
-        if mp > 1 and not any(is_split(p) for p in layers.parameters()):
-            warn_once("tensor-parallel-without-slices",
-                      f"fleetlite: mp_degree={mp} but {type(layers).__name__} has no tensor-parallel layers "
-                      "(ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding): it is replicated over the "
-                      f"model-parallel group, whose {mp} ranks repeat the same work (as Paddle's TensorParallel "
-                      "replicates such layers); use those layers, or give the ranks to dp_degree instead")
-        if mp_group is not None and mp > 1:
-            replicated = [p for p in layers.parameters() if not is_split(p)] + list(layers.buffers())
-            broadcast_coalesced([t.data for t in replicated], mp_group)
+        mp = hcg.get_model_parallel_world_size()
+        if mp > 1:  # the replicated parameters agreed over mp, with a warning if that is all of them
+            params = list(layers.parameters())
+            replicated = [p for p in params if not is_split(p)]
+            if len(replicated) == len(params):
+                warn_once("tensor-parallel-without-slices",
+                          f"fleetlite: mp_degree={mp} but {type(layers).__name__} has no tensor-parallel layers "
+                          "(ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding): it is replicated over "
+                          f"the model-parallel group, whose {mp} ranks repeat the same work (as Paddle's "
+                          "TensorParallel replicates such layers); use those layers, or give the ranks to dp_degree "
+                          "instead")
+            broadcast_coalesced([t.data for t in replicated + list(layers.buffers())], hcg.get_model_parallel_group())
         self._grad_stage2 = wants_sharded_gradients(hcg, strategy)  # read by _build_reducer in super().__init__
         super().__init__(layers, group=hcg.get_data_sharding_parallel_group(), **dp_kwargs)  # dp × sharding
         self._hcg = hcg

@@ -407,5 +407,17 @@ class PipelineLayer(nn.Module):
     def get_num_stages(self) -> int:
         return self._num_stages
 
+    def save_state_dict(self, path: str) -> None:
+        """Paddle's: each of this stage's layers into its own file under ``path`` (data rank 0 writes)."""
+        from .layer_files import save_state_dict
+
+        save_state_dict(self, path)
+
+    def set_state_dir(self, path: str) -> None:
+        """Paddle's: load this stage's layers from the files ``save_state_dict`` wrote under ``path``."""
+        from .layer_files import set_state_dir
+
+        set_state_dir(self, path)
+
     def get_stage_id(self) -> int:
         return self._stage_id

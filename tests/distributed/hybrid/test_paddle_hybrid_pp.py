@@ -1,0 +1,295 @@
+"""Paddle's pipeline hybrid tests, ported with their models, steps and tolerances, on 2 gloo ranks (pp2), one launch.
+
+- test/legacy_test/hybrid_parallel_pp_layer.py: ``PipelineLayer`` over AlexNet's descriptions holds 6 parameters a
+  stage; over its built layers, each stage holds its half of the network's parameters (the same tensors' values);
+  ``seg_method=[0, 4]`` gives 4 and 8.
+- test/legacy_test/hybrid_parallel_pp_alexnet.py: AlexNet trains on the pipeline like on one process, SGD with a
+  piecewise learning rate stepped by ``train_batch``, five steps, ``rtol=5e-5``. Paddle feeds 28x28 MNIST; torch's
+  ``MaxPool2d(2, 2)`` refuses the 1x1 map that leaves after the fifth convolution, so the images here are 32x32.
+- test/collective/fleet/hybrid_parallel_pp_transformer.py: six transformer layers cut by
+  ``seg_method="layer:TransformerNetPipe"``, a four-tuple (float mask, unused int tensor) crossing the stages;
+  ``eval_batch(compute_loss=True)`` gives the loss the following ``train_batch`` reports.
+- test/collective/fleet/hybrid_parallel_pp_save_load.py: ``PipelineLayer.save_state_dict`` / ``set_state_dir``
+  and the optimizer's state replay the five steps after them exactly.
+- test/collective/fleet/hybrid_parallel_pp_recompute.py: ``recompute_interval=1`` with ``recompute_ctx`` and
+  dropout inside the recomputed layers trains (Paddle's asserts nothing else); here also equal to the same
+  pipeline without recompute from the same seed.
+"""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fleetlite.distributed.fleet as fleet
+from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+from fleetlite.testing import run_ranks
+
+VOCAB, HIDDEN, LENGTH = 128, 16, 8
+
+
+def _set_random_seed(seed, dp_id):
+    random.seed(seed)
+    np.random.seed(seed + dp_id)
+    torch.manual_seed(seed + dp_id)
+
+
+def _piecewise(opt):
+    """Paddle's ``PiecewiseDecay(boundaries=[2], values=[0.001, 0.002])`` on an SGD built with lr=0.001."""
+    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[2], gamma=2.0)
+
+
+# -- hybrid_parallel_pp_layer.py / hybrid_parallel_pp_alexnet.py ----------------------------------------------------
+class ReshapeHelp(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x):
+        return x.reshape(self.shape)
+
+
+def _features():
+    return [nn.Conv2d(1, 64, kernel_size=11, stride=4, padding=5), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
+            nn.Conv2d(64, 192, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1), nn.ReLU(),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1), nn.ReLU(),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(kernel_size=2, stride=2)]
+
+
+class AlexNet(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.features = nn.Sequential(*_features())
+        self.reshape_layer = ReshapeHelp(shape=[-1, 256])
+        self.classifier = nn.Linear(256, num_classes)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        return self.loss_fn(self.classifier(self.reshape_layer(self.features(x))), y)
+
+    def to_layers(self):  # AlexNetPipe's
+        return [*self.features, self.reshape_layer, self.classifier]
+
+
+def _alexnet_descs(num_classes=10):
+    """AlexNetPipeDesc's layers (plain ``F.relu`` callables between some of them, as Paddle's)."""
+    return [LayerDesc(nn.Conv2d, 1, 64, kernel_size=11, stride=4, padding=5), LayerDesc(nn.ReLU),
+            LayerDesc(nn.MaxPool2d, kernel_size=2, stride=2), LayerDesc(nn.Conv2d, 64, 192, kernel_size=5, padding=2),
+            F.relu, LayerDesc(nn.MaxPool2d, kernel_size=2, stride=2),
+            LayerDesc(nn.Conv2d, 192, 384, kernel_size=3, padding=1), F.relu,
+            LayerDesc(nn.Conv2d, 384, 256, kernel_size=3, padding=1), F.relu,
+            LayerDesc(nn.Conv2d, 256, 256, kernel_size=3, padding=1), F.relu,
+            LayerDesc(nn.MaxPool2d, kernel_size=2, stride=2), LayerDesc(ReshapeHelp, shape=[-1, 256]),
+            LayerDesc(nn.Linear, 256, num_classes)]
+
+
+def _pp_layer(hcg):
+    """TestPipeLayerAPI's three tests: parameter counts and which parameters each stage holds."""
+    out = {"desc": len(list(PipelineLayer(_alexnet_descs(), num_stages=2, loss_fn=nn.CrossEntropyLoss())
+                            .parameters()))}
+    init_net = AlexNet()
+    pipe = PipelineLayer(layers=init_net.to_layers(), num_stages=2, loss_fn=nn.CrossEntropyLoss())
+    init_params, pipe_params = list(init_net.parameters()), list(pipe.parameters())
+    part = len(init_params) // 2
+    offset = part * hcg.get_stage_id()
+    out["sequential"] = [torch.equal(init_params[offset + i], pipe_params[i]) and
+                         init_params[offset + i] is pipe_params[i] for i in range(part)]
+    out["segment"] = len(list(PipelineLayer(layers=AlexNet().to_layers(), num_stages=2, seg_method=[0, 4],
+                                            loss_fn=nn.CrossEntropyLoss()).parameters()))
+    return out
+
+
+def _pp_alexnet(hcg):
+    """TestDistPPTraining.test_pp_model: batch 4 in micro-batches of 2, five steps."""
+    _set_random_seed(1024, hcg.get_data_parallel_rank())
+    model_a = AlexNet(10)
+    optimizer_a = torch.optim.SGD(model_a.parameters(), lr=0.001)
+    scheduler_a = _piecewise(optimizer_a)
+    parameters = [p.detach().clone() for p in model_a.parameters()]
+    model_b = PipelineLayer(layers=_alexnet_descs(), num_stages=2, loss_fn=nn.CrossEntropyLoss())
+    optimizer_b = torch.optim.SGD(model_b.parameters(), lr=0.001)
+    scheduler_b = _piecewise(optimizer_b)
+    model_b, optimizer_b = fleet.distributed_model(model_b), fleet.distributed_optimizer(optimizer_b)
+    with torch.no_grad():
+        for idx, param in enumerate(model_b.parameters()):
+            param.copy_(parameters[idx + hcg.get_stage_id() * (len(parameters) // 2)])
+    losses_a, losses_b = [], []
+    for _ in range(5):
+        img = torch.from_numpy(np.random.random((4, 1, 32, 32)).astype("float32"))
+        label = torch.from_numpy(np.random.randint(0, 10, size=(4,)))
+        loss_a = model_a(img, label)
+        loss_a.backward()
+        optimizer_a.step()
+        optimizer_a.zero_grad()
+        scheduler_a.step()
+        losses_b.append(model_b.train_batch([img, label], optimizer_b, scheduler_b).detach())
+        losses_a.append(loss_a.detach())
+    return torch.stack(losses_a), torch.stack(losses_b)
+
+
+# -- hybrid_parallel_pp_transformer.py / hybrid_parallel_pp_save_load.py ------------------------------------------
+class EmbeddingPipe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, HIDDEN)
+        self.position_embeddings = nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, x):
+        attention_mask = torch.triu(torch.ones(LENGTH, LENGTH) * -1e9, 1)
+        no_used = torch.ones(3, 3, dtype=torch.int32)
+        p_emb = self.position_embeddings(x)
+        return self.word_embeddings(x) + p_emb, attention_mask, no_used, p_emb
+
+
+class TransformerNet(nn.Module):
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(HIDDEN, 4 * HIDDEN), nn.Linear(4 * HIDDEN, HIDDEN)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
+        self.norm1 = nn.LayerNorm(HIDDEN, eps=1e-5)
+        self.dropout = dropout
+
+    def forward(self, x, mask=None):
+        product = torch.matmul(self.q_proj(x), self.k_proj(x).transpose(-1, -2)) * HIDDEN**-0.5
+        weights = F.softmax(product if mask is None else product + mask, dim=-1)
+        if self.dropout:
+            weights = F.dropout(weights, self.dropout, training=self.training)
+        tgt = torch.matmul(weights, self.v_proj(x))
+        tgt = tgt + self.norm1(tgt)
+        return self.linear2(F.gelu(self.linear1(tgt), approximate="tanh"))
+
+
+class TransformerNetPipe(TransformerNet):
+    def forward(self, args):
+        x, mask, no_used, p_emb = args
+        return super().forward(x, mask) + p_emb, mask, no_used, p_emb
+
+
+def _transformer_pipe(hcg):
+    descs = [LayerDesc(EmbeddingPipe), *(LayerDesc(TransformerNetPipe) for _ in range(6)), lambda x: x[0]]
+    return PipelineLayer(layers=descs, loss_fn=lambda out, label: out.mean(), topology=hcg.topology(),
+                         seg_method="layer:TransformerNetPipe")
+
+
+def _pp_transformer(hcg):
+    _set_random_seed(1024, hcg.get_data_parallel_rank())
+    model = _transformer_pipe(hcg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    scheduler = _piecewise(optimizer)
+    model, optimizer = fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+    e_losses, losses = [], []
+    for _ in range(5):
+        x = torch.from_numpy(np.random.randint(0, VOCAB, size=[8, LENGTH]))
+        e_losses.append(model.eval_batch([x, x], True).detach())
+        losses.append(model.train_batch([x, x], optimizer, scheduler).detach())
+    return torch.stack(e_losses), torch.stack(losses), len(model._layers.run_function)
+
+
+def _pp_save_load(hcg, output_dir):
+    _set_random_seed(1024, hcg.get_data_parallel_rank())
+    model = _transformer_pipe(hcg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)  # momentum: a state to reload
+    scheduler = _piecewise(optimizer)
+    model, optimizer = fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+    for _ in range(2):  # warm-up
+        x = torch.from_numpy(np.random.randint(0, VOCAB, size=[8, LENGTH]))
+        model.train_batch([x, x], optimizer, scheduler)
+    model._layers.save_state_dict(output_dir)
+    torch.save(optimizer.state_dict(), f"{output_dir}/model_state_{hcg.get_stage_id()}.pdopt")
+    np_data = np.random.randint(0, VOCAB, size=[5, 8, LENGTH])
+    origin = [model.train_batch([torch.from_numpy(np_data[i])] * 2, optimizer, scheduler).detach() for i in range(5)]
+    model._layers.set_state_dir(output_dir)
+    optimizer.load_state_dict(torch.load(f"{output_dir}/model_state_{hcg.get_stage_id()}.pdopt"))
+    again = [model.train_batch([torch.from_numpy(np_data[i])] * 2, optimizer, scheduler).detach() for i in range(5)]
+    return torch.stack(origin), torch.stack(again)
+
+
+# -- hybrid_parallel_pp_recompute.py --------------------------------------------------------------------------------
+class EmbeddingRecomputePipe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(VOCAB, HIDDEN)
+        self.position_embeddings = nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, tensors):
+        stable, x = tensors
+        return stable, self.word_embeddings(x) + self.position_embeddings(x)
+
+
+class TransformerRecomputePipe(TransformerNet):
+    def __init__(self):
+        super().__init__(dropout=0.2)
+
+    def forward(self, tensors):
+        stable, x = tensors
+        return stable, super().forward(x)
+
+
+def _pp_recompute(hcg, interval):
+    _set_random_seed(1024, hcg.get_data_parallel_rank())
+    descs = [LayerDesc(EmbeddingRecomputePipe), LayerDesc(TransformerRecomputePipe),
+             LayerDesc(TransformerRecomputePipe)]
+    model = PipelineLayer(layers=descs, loss_fn=lambda out, label: out[-1].mean(), topology=hcg.topology(),
+                          seg_method="layer:TransformerRecomputePipe", recompute_interval=interval,
+                          recompute_ctx={"mp_group": hcg.get_model_parallel_group(), "offload": False,
+                                         "partition": False})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    scheduler = _piecewise(optimizer)
+    model, optimizer = fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+    losses = []
+    for _ in range(5):
+        x = torch.from_numpy(np.random.randint(0, VOCAB, size=[8, LENGTH]))
+        losses.append(model.train_batch([(x, x), x], optimizer, scheduler).detach())
+    return torch.stack(losses)
+
+
+def _pp2(rank, world, output_dir):
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
+    strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": 2}  # alexnet: batch 4
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    out = {"stage": hcg.get_stage_id(), "layer": _pp_layer(hcg), "alexnet": _pp_alexnet(hcg)}
+    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2}  # the transformer tests': batch 8
+    fleet.init(is_collective=True, strategy=strategy)  # the same degrees: the same groups, the new strategy
+    out["transformer"] = _pp_transformer(hcg)
+    out["save_load"] = _pp_save_load(hcg, output_dir)
+    out["recompute"] = (_pp_recompute(hcg, 1), _pp_recompute(hcg, 0))
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_paddle_pp_layer_alexnet_transformer_save_load_recompute_on_two_ranks(tmp_path):
+    for r in run_ranks(_pp2, world_size=2, args=(str(tmp_path),), timeout=390):
+        layer = r["layer"]
+        assert layer["desc"] == 6 and len(layer["sequential"]) == 6 and all(layer["sequential"]), layer
+        assert layer["segment"] == (4 if r["stage"] == 0 else 8), layer
+        loss_a, loss_b = r["alexnet"]
+        torch.testing.assert_close(loss_b, loss_a, rtol=5e-5, atol=0)  # Paddle: rtol=5e-5
+        e_loss, loss, n_layers = r["transformer"]
+        assert n_layers == 4  # stage 0: the embedding and 3 layers; stage 1: 3 layers and the lambda
+        torch.testing.assert_close(loss, e_loss, rtol=1e-7, atol=0)  # numpy's assert_allclose default
+        origin, again = r["save_load"]
+        torch.testing.assert_close(again, origin, rtol=1e-7, atol=0)
+        with_recompute, without = r["recompute"]
+        torch.testing.assert_close(with_recompute, without, rtol=1e-7, atol=0)
+
+
+def test_pipeline_layer_files_on_one_process_and_a_missing_directory(tmp_path):
+    """Paddle's file names, one per layer with a state; a directory that is not there fails in one line."""
+    torch.manual_seed(0)
+    saved = PipelineLayer([LayerDesc(nn.Linear, 4, 4), F.relu, LayerDesc(nn.Linear, 4, 2)], num_stages=1)
+    saved.save_state_dict(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layer_00-tensor_00-model_states.pdparams",
+                                                          "layer_02-tensor_00-model_states.pdparams"]
+    loaded = PipelineLayer([LayerDesc(nn.Linear, 4, 4), F.relu, LayerDesc(nn.Linear, 4, 2)], num_stages=1)
+    loaded.set_state_dir(str(tmp_path))
+    for (name, a), b in zip(saved.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(FileNotFoundError, match="is not a directory") as err:
+        loaded.set_state_dir(str(tmp_path / "nowhere"))
+    assert "\n" not in str(err.value)

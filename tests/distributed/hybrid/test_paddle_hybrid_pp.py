@@ -6,6 +6,8 @@
 - test/legacy_test/hybrid_parallel_pp_alexnet.py: AlexNet trains on the pipeline like on one process, SGD with a
   piecewise learning rate stepped by ``train_batch``, five steps, ``rtol=5e-5``. Paddle feeds 28x28 MNIST; torch's
   ``MaxPool2d(2, 2)`` refuses the 1x1 map that leaves after the fifth convolution, so the images here are 32x32.
+- test/collective/fleet/hybrid_parallel_pp_clip_grad.py: the same with ``ClipGradByGlobalNorm(0.5)``, on SGD and on
+  Momentum over a parameter group.
 - test/collective/fleet/hybrid_parallel_pp_transformer.py: six transformer layers cut by
   ``seg_method="layer:TransformerNetPipe"``, a four-tuple (float mask, unused int tensor) crossing the stages;
   ``eval_batch(compute_loss=True)`` gives the loss the following ``train_batch`` reports.
@@ -27,6 +29,7 @@ from torch import nn
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 from fleetlite.testing import run_ranks
+from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
 VOCAB, HIDDEN, LENGTH = 128, 16, 8
 
@@ -103,32 +106,44 @@ def _pp_layer(hcg):
     return out
 
 
-def _pp_alexnet(hcg):
+def _build_optimizer(model, case):
+    """``build_optimizer`` of TestDistPPTraining (``sgd``), and of pp_clip_grad's TestPPClipGrad (``clip``) and
+    TestPPClipGradParamGroup (``clip_group``: Momentum over a parameter group)."""
+    if case == "clip_group":
+        optimizer = torch.optim.SGD([{"params": list(model.parameters())}], lr=0.001, momentum=0.9)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    return _piecewise(optimizer), optimizer
+
+
+def _pp_alexnet(hcg, case="sgd"):
     """TestDistPPTraining.test_pp_model: batch 4 in micro-batches of 2, five steps."""
     _set_random_seed(1024, hcg.get_data_parallel_rank())
     model_a = AlexNet(10)
-    optimizer_a = torch.optim.SGD(model_a.parameters(), lr=0.001)
-    scheduler_a = _piecewise(optimizer_a)
+    scheduler_a, optimizer_a = _build_optimizer(model_a, case)
     parameters = [p.detach().clone() for p in model_a.parameters()]
     model_b = PipelineLayer(layers=_alexnet_descs(), num_stages=2, loss_fn=nn.CrossEntropyLoss())
-    optimizer_b = torch.optim.SGD(model_b.parameters(), lr=0.001)
-    scheduler_b = _piecewise(optimizer_b)
+    scheduler_b, optimizer_b = _build_optimizer(model_b, case)
+    if case != "sgd":
+        optimizer_b._grad_clip = ClipGradByGlobalNorm(0.5)  # Paddle's grad_clip=ClipGradByGlobalNorm(0.5)
     model_b, optimizer_b = fleet.distributed_model(model_b), fleet.distributed_optimizer(optimizer_b)
     with torch.no_grad():
         for idx, param in enumerate(model_b.parameters()):
             param.copy_(parameters[idx + hcg.get_stage_id() * (len(parameters) // 2)])
-    losses_a, losses_b = [], []
+    losses_a, losses_b, norms = [], [], []
     for _ in range(5):
         img = torch.from_numpy(np.random.random((4, 1, 32, 32)).astype("float32"))
         label = torch.from_numpy(np.random.randint(0, 10, size=(4,)))
         loss_a = model_a(img, label)
         loss_a.backward()
+        if case != "sgd":  # model_a's optimizer has the same grad_clip: torch's clip is the reference
+            norms.append(torch.nn.utils.clip_grad_norm_(model_a.parameters(), 0.5).detach())
         optimizer_a.step()
         optimizer_a.zero_grad()
         scheduler_a.step()
         losses_b.append(model_b.train_batch([img, label], optimizer_b, scheduler_b).detach())
         losses_a.append(loss_a.detach())
-    return torch.stack(losses_a), torch.stack(losses_b)
+    return torch.stack(losses_a), torch.stack(losses_b), torch.stack(norms) if norms else None
 
 
 # -- hybrid_parallel_pp_transformer.py / hybrid_parallel_pp_save_load.py ------------------------------------------
@@ -253,7 +268,8 @@ def _pp2(rank, world, output_dir):
     strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": 2}  # alexnet: batch 4
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    out = {"stage": hcg.get_stage_id(), "layer": _pp_layer(hcg), "alexnet": _pp_alexnet(hcg)}
+    out = {"stage": hcg.get_stage_id(), "layer": _pp_layer(hcg),
+           "alexnet": {case: _pp_alexnet(hcg, case) for case in ("sgd", "clip", "clip_group")}}
     strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2}  # the transformer tests': batch 8
     fleet.init(is_collective=True, strategy=strategy)  # the same degrees: the same groups, the new strategy
     out["transformer"] = _pp_transformer(hcg)
@@ -268,8 +284,9 @@ def test_paddle_pp_layer_alexnet_transformer_save_load_recompute_on_two_ranks(tm
         layer = r["layer"]
         assert layer["desc"] == 6 and len(layer["sequential"]) == 6 and all(layer["sequential"]), layer
         assert layer["segment"] == (4 if r["stage"] == 0 else 8), layer
-        loss_a, loss_b = r["alexnet"]
-        torch.testing.assert_close(loss_b, loss_a, rtol=5e-5, atol=0)  # Paddle: rtol=5e-5
+        for case, (loss_a, loss_b, norms) in r["alexnet"].items():
+            torch.testing.assert_close(loss_b, loss_a, rtol=5e-5, atol=0)  # Paddle: rtol=5e-5
+            assert case == "sgd" or norms.max() > 0.5, (case, norms)  # the clip acts (steps 1 and 3: 0.62)
         e_loss, loss, n_layers = r["transformer"]
         assert n_layers == 4  # stage 0: the embedding and 3 layers; stage 1: 3 layers and the lambda
         torch.testing.assert_close(loss, e_loss, rtol=1e-7, atol=0)  # numpy's assert_allclose default

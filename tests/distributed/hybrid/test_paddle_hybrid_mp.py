@@ -5,6 +5,8 @@
 - test/collective/fleet/hybrid_parallel_mp_model.py (``TestDistMPTraining``): ``SimpleMPNet`` (vocab-parallel
   embedding, column- and row-parallel linears, a logits matmul against the embedding through ``_c_identity`` and
   ``_c_concat``) trains like ``SimpleDPNet`` on one process, SGD, five steps, losses ``rtol=1e-6``.
+- test/collective/fleet/hybrid_parallel_mp_broadcast_obj.py: the same through ``model(img, text=text)`` with a numpy
+  ``img`` and a list of letters ``text``.
 - test/collective/fleet/hybrid_parallel_mp_clip_grad.py: the same with ``ClipGradByGlobalNorm(2.0)`` and an
   ``ExponentialDecay`` learning rate.
 
@@ -74,6 +76,18 @@ class SimpleDPNet(torch.nn.Module):
         return torch.matmul(x, self.embedding.weight.t())
 
 
+class SimpleMPMultimodalNet(SimpleMPNet):
+    """hybrid_parallel_mp_broadcast_obj.py's: a numpy input and a keyword argument that is not a tensor."""
+
+    def forward(self, x, **kwargs):
+        return super().forward(torch.as_tensor(x))
+
+
+class SimpleDPMultimodalNet(SimpleDPNet):
+    def forward(self, x, **kwargs):
+        return super().forward(torch.as_tensor(x))
+
+
 def _set_random_seed(seed, dp_id, rank_id):
     random.seed(seed)
     np.random.seed(seed + dp_id)
@@ -136,18 +150,41 @@ def _mp_model(clip):
     return torch.stack(losses_a), torch.stack(losses_b), torch.stack(norms) if norms else None
 
 
+def _broadcast_obj():
+    """TestMPBroadcastObj.test_mp_model: batches of (numpy ids, lists of letters) through ``model(img, text=text)``."""
+    hcg = fleet.get_hybrid_communicate_group()
+    _set_random_seed(1024, hcg.get_data_parallel_rank(), torch.distributed.get_rank())
+    np_fc1, np_fc2 = np.random.random_sample((HIDDEN, INNER)), np.random.random_sample((INNER, HIDDEN))
+    model_a = SimpleMPMultimodalNet(np_fc1, np_fc2)
+    optimizer_a = fleet.distributed_optimizer(torch.optim.SGD(model_a.parameters(), lr=0.001))
+    model_a = fleet.distributed_model(model_a)
+    model_b = SimpleDPMultimodalNet(np_fc1, np_fc2)
+    optimizer_b = torch.optim.SGD(model_b.parameters(), lr=0.001)
+    losses_a, losses_b = [], []
+    for _ in range(5):
+        img = np.random.randint(0, VOCAB, (BATCH, SEQ))
+        text = [random.sample("zyxwvutsrqponmlkjihgfedcba", 5) for _ in range(BATCH)]
+        for model, opt, losses in ((model_a, optimizer_a, losses_a), (model_b, optimizer_b, losses_b)):
+            loss = model(img, text=text).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+    return torch.stack(losses_a), torch.stack(losses_b), None
+
+
 def _mp2(rank, world):
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
     fleet.init(is_collective=True, strategy=strategy)
     _cuda_rng_tracker()
-    return {"mp_model": _mp_model(clip=False), "clip": _mp_model(clip=True)}
+    return {"mp_model": _mp_model(clip=False), "clip": _mp_model(clip=True), "broadcast_obj": _broadcast_obj()}
 
 
 @pytest.mark.timeout(200)
 def test_paddle_mp_random_model_and_clip_grad_on_two_ranks():
     for r in run_ranks(_mp2, world_size=2, timeout=190):  # the rng tracker's asserts ran inside each rank
-        for case in ("mp_model", "clip"):
+        for case in ("mp_model", "clip", "broadcast_obj"):
             losses_a, losses_b, norms = r[case]
             assert losses_b[1:].abs().min() > 0  # the model does train (its first loss is 0 by construction)
             torch.testing.assert_close(losses_a, losses_b, rtol=1e-6, atol=0)  # Paddle: rtol=1e-6

@@ -11,8 +11,11 @@
 - test/collective/fleet/hybrid_parallel_pp_transformer.py: six transformer layers cut by
   ``seg_method="layer:TransformerNetPipe"``, a four-tuple (float mask, unused int tensor) crossing the stages;
   ``eval_batch(compute_loss=True)`` gives the loss the following ``train_batch`` reports.
-- test/collective/fleet/hybrid_parallel_pp_save_load.py: ``PipelineLayer.save_state_dict`` / ``set_state_dir``
-  and the optimizer's state replay the five steps after them exactly.
+- test/collective/fleet/hybrid_parallel_pp_transformer_unbalanced_data.py: the same with the micro-batches given
+  as a list.
+- test/collective/fleet/hybrid_parallel_pp_save_load.py (and _with_virtual_stage.py, two chunks a stage, whose
+  check Paddle leaves off; on here): ``PipelineLayer.save_state_dict`` / ``set_state_dir`` and the optimizer's
+  state replay the five steps after them exactly.
 - test/collective/fleet/hybrid_parallel_pp_recompute.py: ``recompute_interval=1`` with ``recompute_ctx`` and
   dropout inside the recomputed layers trains (Paddle's asserts nothing else); here also equal to the same
   pipeline without recompute from the same seed.
@@ -184,13 +187,17 @@ class TransformerNetPipe(TransformerNet):
         return super().forward(x, mask) + p_emb, mask, no_used, p_emb
 
 
-def _transformer_pipe(hcg):
-    descs = [LayerDesc(EmbeddingPipe), *(LayerDesc(TransformerNetPipe) for _ in range(6)), lambda x: x[0]]
+def _transformer_pipe(hcg, virtual=None):
+    """ModelPipe: six transformer layers; with ``virtual`` (the _with_virtual_stage tests' model) eight, so that
+    the layer count divides the 2 x 2 chunks."""
+    n = 6 if virtual is None else 8
+    descs = [LayerDesc(EmbeddingPipe), *(LayerDesc(TransformerNetPipe) for _ in range(n)), lambda x: x[0]]
     return PipelineLayer(layers=descs, loss_fn=lambda out, label: out.mean(), topology=hcg.topology(),
-                         seg_method="layer:TransformerNetPipe")
+                         seg_method="layer:TransformerNetPipe", num_virtual_pipeline_stages=virtual)
 
 
-def _pp_transformer(hcg):
+def _pp_transformer(hcg, unbalanced=False):
+    """With ``unbalanced`` (hybrid_parallel_pp_transformer_unbalanced_data.py): the micro-batches given as a list."""
     _set_random_seed(1024, hcg.get_data_parallel_rank())
     model = _transformer_pipe(hcg)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
@@ -198,15 +205,18 @@ def _pp_transformer(hcg):
     model, optimizer = fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
     e_losses, losses = [], []
     for _ in range(5):
-        x = torch.from_numpy(np.random.randint(0, VOCAB, size=[8, LENGTH]))
+        if unbalanced:
+            x = [torch.from_numpy(np.random.randint(0, VOCAB, size=[2, LENGTH])) for _ in range(8 // 2)]
+        else:
+            x = torch.from_numpy(np.random.randint(0, VOCAB, size=[8, LENGTH]))
         e_losses.append(model.eval_batch([x, x], True).detach())
         losses.append(model.train_batch([x, x], optimizer, scheduler).detach())
     return torch.stack(e_losses), torch.stack(losses), len(model._layers.run_function)
 
 
-def _pp_save_load(hcg, output_dir):
+def _pp_save_load(hcg, output_dir, virtual=None):
     _set_random_seed(1024, hcg.get_data_parallel_rank())
-    model = _transformer_pipe(hcg)
+    model = _transformer_pipe(hcg, virtual)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)  # momentum: a state to reload
     scheduler = _piecewise(optimizer)
     model, optimizer = fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
@@ -273,8 +283,12 @@ def _pp2(rank, world, output_dir):
     strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2}  # the transformer tests': batch 8
     fleet.init(is_collective=True, strategy=strategy)  # the same degrees: the same groups, the new strategy
     out["transformer"] = _pp_transformer(hcg)
-    out["save_load"] = _pp_save_load(hcg, output_dir)
+    out["unbalanced"] = _pp_transformer(hcg, unbalanced=True)
+    out["save_load"] = _pp_save_load(hcg, f"{output_dir}/pp")
     out["recompute"] = (_pp_recompute(hcg, 1), _pp_recompute(hcg, 0))
+    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
+    fleet.init(is_collective=True, strategy=strategy)
+    out["save_load_vpp"] = _pp_save_load(hcg, f"{output_dir}/vpp", virtual=2)
     return out
 
 
@@ -287,11 +301,13 @@ def test_paddle_pp_layer_alexnet_transformer_save_load_recompute_on_two_ranks(tm
         for case, (loss_a, loss_b, norms) in r["alexnet"].items():
             torch.testing.assert_close(loss_b, loss_a, rtol=5e-5, atol=0)  # Paddle: rtol=5e-5
             assert case == "sgd" or norms.max() > 0.5, (case, norms)  # the clip acts (steps 1 and 3: 0.62)
-        e_loss, loss, n_layers = r["transformer"]
-        assert n_layers == 4  # stage 0: the embedding and 3 layers; stage 1: 3 layers and the lambda
-        torch.testing.assert_close(loss, e_loss, rtol=1e-7, atol=0)  # numpy's assert_allclose default
-        origin, again = r["save_load"]
-        torch.testing.assert_close(again, origin, rtol=1e-7, atol=0)
+        for case in ("transformer", "unbalanced"):
+            e_loss, loss, n_layers = r[case]
+            assert n_layers == 4  # stage 0: the embedding and 3 layers; stage 1: 3 layers and the lambda
+            torch.testing.assert_close(loss, e_loss, rtol=1e-7, atol=0)  # numpy's assert_allclose default
+        for case in ("save_load", "save_load_vpp"):  # (Paddle left the check off for virtual stages)
+            origin, again = r[case]
+            torch.testing.assert_close(again, origin, rtol=1e-7, atol=0)
         with_recompute, without = r["recompute"]
         torch.testing.assert_close(with_recompute, without, rtol=1e-7, atol=0)
 

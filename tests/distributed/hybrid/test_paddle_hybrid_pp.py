@@ -16,6 +16,9 @@
 - test/collective/fleet/hybrid_parallel_pp_save_load.py (and _with_virtual_stage.py, two chunks a stage, whose
   check Paddle leaves off; on here): ``PipelineLayer.save_state_dict`` / ``set_state_dir`` and the optimizer's
   state replay the five steps after them exactly.
+- test/collective/fleet/hybrid_parallel_shared_weight_with_multi_attrs.py: a ``SharedLayerDesc`` tying two
+  attributes (``shared_weight_attr=["embedding_weight", "embedding_bias"]``, properties of the layer) across the
+  stages trains exactly like the one-process net (``assert_array_equal``), five steps of batch 1.
 - test/collective/fleet/hybrid_parallel_pp_recompute.py: ``recompute_interval=1`` with ``recompute_ctx`` and
   dropout inside the recomputed layers trains (Paddle's asserts nothing else); here also equal to the same
   pipeline without recompute from the same seed.
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fleetlite.distributed.fleet as fleet
-from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+from fleetlite.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 from fleetlite.testing import run_ranks
 from fleetlite.trainer.clipping import ClipGradByGlobalNorm
 
@@ -272,6 +275,103 @@ def _pp_recompute(hcg, interval):
     return torch.stack(losses)
 
 
+# -- hybrid_parallel_shared_weight_with_multi_attrs.py ---------------------------------------------------------------
+class SimpleNet(nn.Module):
+    """Paddle's ``nn.Linear(VOCAB, 16)`` is ``[in, out]``: its ``matmul(projection, weight)`` is torch's
+    ``projection @ weight.T``."""
+
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Linear(VOCAB, HIDDEN)
+        self.softmax_weight = nn.Parameter(torch.randn(HIDDEN, VOCAB) * 0.1)
+        self.softmax_bias = nn.Parameter(torch.randn(VOCAB) * 0.1)
+
+    def forward(self, x1, x2, y1):
+        projection = (self.word_embeddings(x1) @ self.softmax_weight + self.softmax_bias).reshape(-1, VOCAB)
+        projection = projection @ self.word_embeddings.weight.t() + self.word_embeddings.bias
+        return F.cross_entropy(projection, y1)  # Paddle's soft_label=True: -sum(label * log_softmax), averaged
+
+
+class SharedEmbeddingPipe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Linear(VOCAB, HIDDEN)
+
+    @property
+    def embedding_weight(self):
+        return self.word_embeddings.weight
+
+    @property
+    def embedding_bias(self):
+        return self.word_embeddings.bias
+
+    def forward(self, args):
+        x1, x2 = args
+        return self.word_embeddings(x1), x2
+
+
+class SoftmaxMatmulNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax_weight = nn.Parameter(torch.zeros(HIDDEN, VOCAB))
+
+    def forward(self, args):
+        x1, x2 = args
+        return x1 @ self.softmax_weight, x2
+
+
+class SoftmaxBiasNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax_bias = nn.Parameter(torch.zeros(VOCAB))
+
+    def forward(self, args):
+        fc, x2 = args
+        return (fc + self.softmax_bias).reshape(-1, VOCAB), x2
+
+
+def _logits_helper(embedding, output):
+    return output[0] @ embedding.embedding_weight.t() + embedding.embedding_bias
+
+
+def _shared_multi_attrs(hcg):
+    """TestSharedWeightWithMultiAttrs: weight and bias of the shared layer both tied across the two stages."""
+    _set_random_seed(1024, hcg.get_data_parallel_rank())
+    model_a = SimpleNet()
+    optimizer_a = torch.optim.SGD(model_a.parameters(), lr=0.01)
+    boundaries = torch.optim.lr_scheduler.LambdaLR  # Paddle's PiecewiseDecay([2, 3, 4], [0.01, ..., 0.04])
+    scheduler_a = boundaries(optimizer_a, lambda step: 1 + sum(step >= b for b in (2, 3, 4)))
+    attrs = ["embedding_weight", "embedding_bias"]
+    descs = [SharedLayerDesc("embed", SharedEmbeddingPipe, shared_weight_attr=attrs), LayerDesc(SoftmaxMatmulNet),
+             LayerDesc(SoftmaxBiasNet),
+             SharedLayerDesc("embed", SharedEmbeddingPipe, forward_func=_logits_helper, shared_weight_attr=attrs)]
+    model_b = PipelineLayer(layers=descs, loss_fn=lambda out, y1: F.cross_entropy(out, y1[0]),
+                            topology=hcg.topology())
+    optimizer_b = torch.optim.SGD(model_b.parameters(), lr=0.01)
+    scheduler_b = boundaries(optimizer_b, lambda step: 1 + sum(step >= b for b in (2, 3, 4)))
+    full = {"word_embeddings.weight": "shared_layers.embed.word_embeddings.weight",
+            "word_embeddings.bias": "shared_layers.embed.word_embeddings.bias",
+            "softmax_weight": "1.softmax_weight", "softmax_bias": "2.softmax_bias"}
+    held = dict(model_b.named_parameters())
+    with torch.no_grad():
+        for name, p in model_a.named_parameters():
+            if full[name] in held:
+                held[full[name]].copy_(p)
+    model_b, optimizer_b = fleet.distributed_model(model_b), fleet.distributed_optimizer(optimizer_b)
+    losses_a, losses_b = [], []
+    for _ in range(5):
+        x1, x2 = (torch.from_numpy(np.random.randn(1, VOCAB)).float() for _ in range(2))
+        y1 = torch.from_numpy(np.random.randn(1, HIDDEN)).float()
+        loss_a = model_a(x1, x2, y1)
+        loss_a.backward()
+        optimizer_a.step()
+        optimizer_a.zero_grad()
+        scheduler_a.step()
+        losses_b.append(model_b.train_batch([(x1, x2), (y1,)], optimizer_b, scheduler_b).detach().reshape([]))
+        losses_a.append(loss_a.detach())
+    return torch.stack(losses_a), torch.stack(losses_b)
+
+
 def _pp2(rank, world, output_dir):
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
@@ -286,6 +386,9 @@ def _pp2(rank, world, output_dir):
     out["unbalanced"] = _pp_transformer(hcg, unbalanced=True)
     out["save_load"] = _pp_save_load(hcg, f"{output_dir}/pp")
     out["recompute"] = (_pp_recompute(hcg, 1), _pp_recompute(hcg, 0))
+    strategy.pipeline_configs = {"accumulate_steps": 1, "micro_batch_size": 1}  # the multi-attrs test's batch 1
+    fleet.init(is_collective=True, strategy=strategy)
+    out["multi_attrs"] = _shared_multi_attrs(hcg)
     strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
     fleet.init(is_collective=True, strategy=strategy)
     out["save_load_vpp"] = _pp_save_load(hcg, f"{output_dir}/vpp", virtual=2)
@@ -308,6 +411,8 @@ def test_paddle_pp_layer_alexnet_transformer_save_load_recompute_on_two_ranks(tm
         for case in ("save_load", "save_load_vpp"):  # (Paddle left the check off for virtual stages)
             origin, again = r[case]
             torch.testing.assert_close(again, origin, rtol=1e-7, atol=0)
+        loss_a, loss_b = r["multi_attrs"]
+        torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)  # Paddle: assert_array_equal
         with_recompute, without = r["recompute"]
         torch.testing.assert_close(with_recompute, without, rtol=1e-7, atol=0)
 

@@ -66,12 +66,12 @@ class SharedLayerDesc(LayerDesc):
 
     Every position with the same ``key`` uses one layer; on different stages
     the copies start from the first stage's weight and the gradient of
-    ``shared_weight_attr`` is summed across them after backward, so they
-    stay equal. ``forward_func(layer, x)`` replaces ``layer(x)`` at that position.
+    ``shared_weight_attr`` (a name, or a list of names as Paddle takes) is summed across them after backward, so
+    they stay equal. ``forward_func(layer, x)`` replaces ``layer(x)`` at that position.
     """
 
     def __init__(self, key: str, layer_func: type[nn.Module], forward_func: Callable[..., Any] | None = None,
-                 shared_weight_attr: str = "weight", *inputs: Any, **kwargs: Any) -> None:
+                 shared_weight_attr: str | Sequence[str] = "weight", *inputs: Any, **kwargs: Any) -> None:
         super().__init__(layer_func, *inputs, **kwargs)
         self.layer_name = key
         self.forward_func = forward_func
@@ -278,7 +278,7 @@ class PipelineLayer(nn.Module):
         self._end_poss = [self.segment_parts[i + 1] for i in parts]
         self._start_pos, self._end_pos = self._start_poss[0], self._end_poss[-1]
         self.shared_layers = nn.ModuleDict()
-        self.shared_weight_attrs: dict[str, str] = {}
+        self.shared_weight_attrs: dict[str, str | Sequence[str]] = {}
         self.run_function: list[Callable[..., Any]] = []
         self._chunk_slices: list[tuple[int, int]] = []  # each chunk's run_function[start:end]
         chunk_layers: list[dict[str, nn.Module]] = []
@@ -333,8 +333,9 @@ class PipelineLayer(nn.Module):
                                 "SharedLayerDesc, an nn.Module or a callable")
         return held
 
-    def _shared_weight(self, key: str) -> torch.Tensor:
-        return getattr(self.shared_layers[key], self.shared_weight_attrs[key])
+    def _shared_weights(self, key: str) -> list[torch.Tensor]:
+        attrs = self.shared_weight_attrs[key]
+        return [getattr(self.shared_layers[key], a) for a in ([attrs] if isinstance(attrs, str) else attrs)]
 
     def _construct_shared_comm(self) -> dict[str, dict[str, Any]]:
         """One group per (shared key, pipeline) over the stages holding that key (Note [pipeline rank layout])."""
@@ -364,17 +365,18 @@ class PipelineLayer(nn.Module):
             for p in layer.parameters():
                 p.is_firstly_shared = True
         for key, c in self.shared_comm.items():
-            td.broadcast(self._shared_weight(key), src=min(c["ranks"]), group=c["group"])
+            for weight in self._shared_weights(key):
+                td.broadcast(weight, src=min(c["ranks"]), group=c["group"])
             for p in c["layer"].parameters():
                 p.is_firstly_shared = td.get_rank() == min(c["ranks"])
 
     def allreduce_shared_weight_gradients(self) -> None:
         """Sum the gradient of every shared weight across the stages that hold it (Paddle's name)."""
         for key, c in self.shared_comm.items():
-            weight = self._shared_weight(key)
-            if weight.grad is None:
-                weight.grad = torch.zeros_like(weight)
-            td.all_reduce(weight.grad, group=c["group"])
+            for weight in self._shared_weights(key):
+                if weight.grad is None:
+                    weight.grad = torch.zeros_like(weight)
+                td.all_reduce(weight.grad, group=c["group"])
 
     def forward_function(self, start: int, end: int) -> Callable[..., Any]:
         def execute(*x: Any) -> Any:

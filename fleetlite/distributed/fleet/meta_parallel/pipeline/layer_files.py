@@ -1,9 +1,12 @@
 """Paddle's per-layer pipeline files: ``PipelineLayer.save_state_dict(path)`` / ``set_state_dir(path)``.
 
 Each layer with a state is one file, named as Paddle names it:
-``layer_{global index:02d}[-virtual_pp_stage_{chunk:02d}]-tensor_{mp rank:02d}-model_states.pdparams``
-(a torch pickle of the layer's ``state_dict``). Only data-parallel rank 0 writes (the replicas hold the same
-weights); every rank reads its own stage's layers, the mp rank its own slice's file.
+``layer_{global index:02d}-tensor_{mp rank:02d}-model_states.pdparams`` (a torch pickle of the layer's
+``state_dict``). Only data-parallel rank 0 writes (the replicas hold the same weights); every rank reads its own
+stage's layers, the mp rank its own slice's file. With virtual stages Paddle adds ``-virtual_pp_stage_{chunk:02d}``
+after the index; the global index alone names a layer already, so the names here stay the same with or without
+virtual stages (a directory saved with two chunks a stage loads into one, and back), and Paddle's longer names
+are read too.
 """
 
 from __future__ import annotations
@@ -32,12 +35,11 @@ def _coordinate(layer: PipelineLayer) -> tuple[int, int, int]:
 
 
 def _layers(layer: PipelineLayer) -> list[tuple[str, Any]]:
-    """(file prefix, layer) for each of this rank's layers, with its global index (and chunk when interleaving)."""
+    """(file prefix, layer) for each of this rank's layers (each chunk's, when interleaving), by global index."""
     out = []
     for chunk, (first, last) in enumerate(layer._chunk_slices):
-        virtual = f"-virtual_pp_stage_{chunk:02d}" if layer._num_virtual_pipeline_stages > 1 else ""
         for offset, fn in enumerate(layer.run_function[first:last]):
-            out.append((f"layer_{layer._start_poss[chunk] + offset:02d}{virtual}", fn))
+            out.append((f"layer_{layer._start_poss[chunk] + offset:02d}", fn))
     return out
 
 
@@ -60,7 +62,7 @@ def set_state_dir(layer: PipelineLayer, path: str | os.PathLike) -> None:
     for prefix, fn in _layers(layer):
         if not isinstance(fn, torch.nn.Module):
             continue
-        files = sorted(glob.glob(os.path.join(glob.escape(os.fspath(path)), prefix) + "*model_states.pdparams"))
+        files = sorted(glob.glob(os.path.join(glob.escape(os.fspath(path)), prefix) + "-*model_states.pdparams"))
         if not files:
             raise FileNotFoundError(f"set_state_dir: no {prefix}*model_states.pdparams in {os.fspath(path)!r}; it "
                                     "was saved from another pipeline (other layers or seg_method)")

@@ -21,7 +21,8 @@
   state replay the five steps after them exactly; the files of the two-chunk pipeline load into a one-chunk one.
 - test/collective/fleet/hybrid_parallel_shared_weight_with_multi_attrs.py: a ``SharedLayerDesc`` tying two
   attributes (``shared_weight_attr=["embedding_weight", "embedding_bias"]``, properties of the layer) across the
-  stages trains exactly like the one-process net (``assert_array_equal``), five steps of batch 1.
+  stages trains exactly like the one-process net (``assert_array_equal``), five steps of batch 1; and
+  ..._and_subset_pivot_not_at_first.py: later positions, all on the second stage, tie one attribute each.
 - test/collective/fleet/hybrid_parallel_pp_recompute.py: ``recompute_interval=1`` with ``recompute_ctx`` and
   dropout inside the recomputed layers trains (Paddle's asserts nothing else); here also equal to the same
   pipeline without recompute from the same seed.
@@ -290,16 +291,18 @@ def _pp_recompute(hcg, interval):
 # -- hybrid_parallel_shared_weight_with_multi_attrs.py ---------------------------------------------------------------
 class SimpleNet(nn.Module):
     """Paddle's ``nn.Linear(VOCAB, 16)`` is ``[in, out]``: its ``matmul(projection, weight)`` is torch's
-    ``projection @ weight.T``."""
+    ``projection @ weight.T``. ``local``: the pivot_not_at_first variant's ``linear_local`` before it."""
 
-    def __init__(self):
+    def __init__(self, local=False):
         super().__init__()
+        self.linear_local = nn.Linear(VOCAB, VOCAB) if local else nn.Identity()
         self.word_embeddings = nn.Linear(VOCAB, HIDDEN)
         self.softmax_weight = nn.Parameter(torch.randn(HIDDEN, VOCAB) * 0.1)
         self.softmax_bias = nn.Parameter(torch.randn(VOCAB) * 0.1)
 
     def forward(self, x1, x2, y1):
-        projection = (self.word_embeddings(x1) @ self.softmax_weight + self.softmax_bias).reshape(-1, VOCAB)
+        x = self.word_embeddings(self.linear_local(x1))
+        projection = (x @ self.softmax_weight + self.softmax_bias).reshape(-1, VOCAB)
         projection = projection @ self.word_embeddings.weight.t() + self.word_embeddings.bias
         return F.cross_entropy(projection, y1)  # Paddle's soft_label=True: -sum(label * log_softmax), averaged
 
@@ -342,28 +345,60 @@ class SoftmaxBiasNet(nn.Module):
         return (fc + self.softmax_bias).reshape(-1, VOCAB), x2
 
 
+class LocalLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(VOCAB, VOCAB)
+
+    def forward(self, args):
+        x1, x2 = args
+        return self.linear(x1), x2
+
+
 def _logits_helper(embedding, output):
     return output[0] @ embedding.embedding_weight.t() + embedding.embedding_bias
 
 
-def _shared_multi_attrs(hcg):
-    """TestSharedWeightWithMultiAttrs: weight and bias of the shared layer both tied across the two stages."""
+def _logits_helper_0(embedding, output):
+    return output[0] @ embedding.embedding_weight.t()
+
+
+def _logits_helper_1(embedding, output):
+    return output + embedding.embedding_bias
+
+
+def _multi_attrs_descs(variant):
+    attrs = ["embedding_weight", "embedding_bias"]
+    if variant == "multi_attrs":
+        return [SharedLayerDesc("embed", SharedEmbeddingPipe, shared_weight_attr=attrs), LayerDesc(SoftmaxMatmulNet),
+                LayerDesc(SoftmaxBiasNet),
+                SharedLayerDesc("embed", SharedEmbeddingPipe, forward_func=_logits_helper, shared_weight_attr=attrs)]
+    # _and_subset_pivot_not_at_first: the later positions tie one attribute each, all on the second stage
+    return [LayerDesc(LocalLinear), SharedLayerDesc("embed", SharedEmbeddingPipe, shared_weight_attr=attrs),
+            LayerDesc(SoftmaxMatmulNet), LayerDesc(SoftmaxBiasNet),
+            SharedLayerDesc("embed", SharedEmbeddingPipe, forward_func=_logits_helper_0,
+                            shared_weight_attr=["embedding_weight"]),
+            SharedLayerDesc("embed", SharedEmbeddingPipe, forward_func=_logits_helper_1,
+                            shared_weight_attr=["embedding_bias"])]
+
+
+def _shared_multi_attrs(hcg, variant):
+    """TestSharedWeightWithMultiAttrs (and ...AndSubsetPivotNotAtFirst): weight and bias of the shared layer both
+    tied across the two stages."""
     _set_random_seed(1024, hcg.get_data_parallel_rank())
-    model_a = SimpleNet()
+    local = variant != "multi_attrs"
+    model_a = SimpleNet(local)
     optimizer_a = torch.optim.SGD(model_a.parameters(), lr=0.01)
     boundaries = torch.optim.lr_scheduler.LambdaLR  # Paddle's PiecewiseDecay([2, 3, 4], [0.01, ..., 0.04])
     scheduler_a = boundaries(optimizer_a, lambda step: 1 + sum(step >= b for b in (2, 3, 4)))
-    attrs = ["embedding_weight", "embedding_bias"]
-    descs = [SharedLayerDesc("embed", SharedEmbeddingPipe, shared_weight_attr=attrs), LayerDesc(SoftmaxMatmulNet),
-             LayerDesc(SoftmaxBiasNet),
-             SharedLayerDesc("embed", SharedEmbeddingPipe, forward_func=_logits_helper, shared_weight_attr=attrs)]
-    model_b = PipelineLayer(layers=descs, loss_fn=lambda out, y1: F.cross_entropy(out, y1[0]),
+    model_b = PipelineLayer(layers=_multi_attrs_descs(variant), loss_fn=lambda out, y1: F.cross_entropy(out, y1[0]),
                             topology=hcg.topology())
     optimizer_b = torch.optim.SGD(model_b.parameters(), lr=0.01)
     scheduler_b = boundaries(optimizer_b, lambda step: 1 + sum(step >= b for b in (2, 3, 4)))
     full = {"word_embeddings.weight": "shared_layers.embed.word_embeddings.weight",
             "word_embeddings.bias": "shared_layers.embed.word_embeddings.bias",
-            "softmax_weight": "1.softmax_weight", "softmax_bias": "2.softmax_bias"}
+            "softmax_weight": f"{1 + local}.softmax_weight", "softmax_bias": f"{2 + local}.softmax_bias",
+            "linear_local.weight": "0.linear.weight", "linear_local.bias": "0.linear.bias"}
     held = dict(model_b.named_parameters())
     with torch.no_grad():
         for name, p in model_a.named_parameters():
@@ -400,7 +435,7 @@ def _pp2(rank, world, output_dir):
     out["recompute"] = (_pp_recompute(hcg, 1), _pp_recompute(hcg, 0))
     strategy.pipeline_configs = {"accumulate_steps": 1, "micro_batch_size": 1}  # the multi-attrs test's batch 1
     fleet.init(is_collective=True, strategy=strategy)
-    out["multi_attrs"] = _shared_multi_attrs(hcg)
+    out["multi_attrs"] = {v: _shared_multi_attrs(hcg, v) for v in ("multi_attrs", "pivot_not_at_first")}
     strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 2, "schedule_mode": "VPP"}
     fleet.init(is_collective=True, strategy=strategy)
     out["save_load_vpp"] = _pp_save_load(hcg, f"{output_dir}/vpp", virtual=2)
@@ -429,8 +464,8 @@ def test_paddle_pp_layer_alexnet_transformer_save_load_recompute_on_two_ranks(tm
             origin, again = r[case][:2]
             torch.testing.assert_close(again, origin, rtol=1e-7, atol=0)
         assert len(r["vpp_into_plain"]) > 4 and all(r["vpp_into_plain"])  # files saved with 2 chunks load into 1
-        loss_a, loss_b = r["multi_attrs"]
-        torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)  # Paddle: assert_array_equal
+        for loss_a, loss_b in r["multi_attrs"].values():
+            torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)  # Paddle: assert_array_equal
         with_recompute, without = r["recompute"]
         torch.testing.assert_close(with_recompute, without, rtol=1e-7, atol=0)
 

@@ -78,6 +78,19 @@ class SharedLayerDesc(LayerDesc):
         self.shared_weight_attr = shared_weight_attr
 
 
+def _tied_attrs(descs: Sequence[Any], key: str) -> list[str]:
+    """The attributes tied under ``key``: every position's ``shared_weight_attr``, in order, each once, so the
+    stages agree however the positions (Paddle lets each name a subset) are split among them."""
+    names: list[str] = []
+    for d in descs:
+        if isinstance(d, SharedLayerDesc) and d.layer_name == key:
+            attrs = d.shared_weight_attr
+            for a in [attrs] if isinstance(attrs, str) else attrs:
+                if a not in names:
+                    names.append(a)
+    return names
+
+
 class SegmentLayers:
     """Paddle's partition of ``len(layers_desc)`` layers into ``num_parts`` stages (times
     ``num_virtual_pipeline_stage`` chunks each when interleaving): the boundaries, one more than the parts.
@@ -278,7 +291,7 @@ class PipelineLayer(nn.Module):
         self._end_poss = [self.segment_parts[i + 1] for i in parts]
         self._start_pos, self._end_pos = self._start_poss[0], self._end_poss[-1]
         self.shared_layers = nn.ModuleDict()
-        self.shared_weight_attrs: dict[str, str | Sequence[str]] = {}
+        self.shared_weight_attrs: dict[str, list[str]] = {}
         self.run_function: list[Callable[..., Any]] = []
         self._chunk_slices: list[tuple[int, int]] = []  # each chunk's run_function[start:end]
         chunk_layers: list[dict[str, nn.Module]] = []
@@ -313,7 +326,7 @@ class PipelineLayer(nn.Module):
             if isinstance(layer, SharedLayerDesc):
                 if layer.layer_name not in self.shared_layers:
                     self.shared_layers[layer.layer_name] = layer.build_layer()
-                    self.shared_weight_attrs[layer.layer_name] = layer.shared_weight_attr
+                    self.shared_weight_attrs[layer.layer_name] = _tied_attrs(self._layers_desc, layer.layer_name)
                 shared = self.shared_layers[layer.layer_name]
                 held[f"shared_{layer.layer_name}"] = shared
                 self.run_function.append(shared if layer.forward_func is None else partial(layer.forward_func, shared))
@@ -334,8 +347,7 @@ class PipelineLayer(nn.Module):
         return held
 
     def _shared_weights(self, key: str) -> list[torch.Tensor]:
-        attrs = self.shared_weight_attrs[key]
-        return [getattr(self.shared_layers[key], a) for a in ([attrs] if isinstance(attrs, str) else attrs)]
+        return [getattr(self.shared_layers[key], a) for a in self.shared_weight_attrs[key]]
 
     def _construct_shared_comm(self) -> dict[str, dict[str, Any]]:
         """One group per (shared key, pipeline) over the stages holding that key (Note [pipeline rank layout])."""

@@ -66,16 +66,29 @@ class SharedLayerDesc(LayerDesc):
 
     Every position with the same ``key`` uses one layer; on different stages
     the copies start from the first stage's weight and the gradient of
-    ``shared_weight_attr`` is summed across them after backward, so they
-    stay equal. ``forward_func(layer, x)`` replaces ``layer(x)`` at that position.
+    ``shared_weight_attr`` (a name, or a list of names as Paddle takes) is summed across them after backward, so
+    they stay equal. ``forward_func(layer, x)`` replaces ``layer(x)`` at that position.
     """
 
     def __init__(self, key: str, layer_func: type[nn.Module], forward_func: Callable[..., Any] | None = None,
-                 shared_weight_attr: str = "weight", *inputs: Any, **kwargs: Any) -> None:
+                 shared_weight_attr: str | Sequence[str] = "weight", *inputs: Any, **kwargs: Any) -> None:
         super().__init__(layer_func, *inputs, **kwargs)
         self.layer_name = key
         self.forward_func = forward_func
         self.shared_weight_attr = shared_weight_attr
+
+
+def _tied_attrs(descs: Sequence[Any], key: str) -> list[str]:
+    """The attributes tied under ``key``: every position's ``shared_weight_attr``, in order, each once, so the
+    stages agree however the positions (Paddle lets each name a subset) are split among them."""
+    names: list[str] = []
+    for d in descs:
+        if isinstance(d, SharedLayerDesc) and d.layer_name == key:
+            attrs = d.shared_weight_attr
+            for a in [attrs] if isinstance(attrs, str) else attrs:
+                if a not in names:
+                    names.append(a)
+    return names
 
 
 class SegmentLayers:
@@ -278,7 +291,7 @@ class PipelineLayer(nn.Module):
         self._end_poss = [self.segment_parts[i + 1] for i in parts]
         self._start_pos, self._end_pos = self._start_poss[0], self._end_poss[-1]
         self.shared_layers = nn.ModuleDict()
-        self.shared_weight_attrs: dict[str, str] = {}
+        self.shared_weight_attrs: dict[str, list[str]] = {}
         self.run_function: list[Callable[..., Any]] = []
         self._chunk_slices: list[tuple[int, int]] = []  # each chunk's run_function[start:end]
         chunk_layers: list[dict[str, nn.Module]] = []
@@ -313,7 +326,7 @@ class PipelineLayer(nn.Module):
             if isinstance(layer, SharedLayerDesc):
                 if layer.layer_name not in self.shared_layers:
                     self.shared_layers[layer.layer_name] = layer.build_layer()
-                    self.shared_weight_attrs[layer.layer_name] = layer.shared_weight_attr
+                    self.shared_weight_attrs[layer.layer_name] = _tied_attrs(self._layers_desc, layer.layer_name)
                 shared = self.shared_layers[layer.layer_name]
                 held[f"shared_{layer.layer_name}"] = shared
                 self.run_function.append(shared if layer.forward_func is None else partial(layer.forward_func, shared))
@@ -333,8 +346,8 @@ class PipelineLayer(nn.Module):
                                 "SharedLayerDesc, an nn.Module or a callable")
         return held
 
-    def _shared_weight(self, key: str) -> torch.Tensor:
-        return getattr(self.shared_layers[key], self.shared_weight_attrs[key])
+    def _shared_weights(self, key: str) -> list[torch.Tensor]:
+        return [getattr(self.shared_layers[key], a) for a in self.shared_weight_attrs[key]]
 
     def _construct_shared_comm(self) -> dict[str, dict[str, Any]]:
         """One group per (shared key, pipeline) over the stages holding that key (Note [pipeline rank layout])."""
@@ -364,17 +377,18 @@ class PipelineLayer(nn.Module):
             for p in layer.parameters():
                 p.is_firstly_shared = True
         for key, c in self.shared_comm.items():
-            td.broadcast(self._shared_weight(key), src=min(c["ranks"]), group=c["group"])
+            for weight in self._shared_weights(key):
+                td.broadcast(weight, src=min(c["ranks"]), group=c["group"])
             for p in c["layer"].parameters():
                 p.is_firstly_shared = td.get_rank() == min(c["ranks"])
 
     def allreduce_shared_weight_gradients(self) -> None:
         """Sum the gradient of every shared weight across the stages that hold it (Paddle's name)."""
         for key, c in self.shared_comm.items():
-            weight = self._shared_weight(key)
-            if weight.grad is None:
-                weight.grad = torch.zeros_like(weight)
-            td.all_reduce(weight.grad, group=c["group"])
+            for weight in self._shared_weights(key):
+                if weight.grad is None:
+                    weight.grad = torch.zeros_like(weight)
+                td.all_reduce(weight.grad, group=c["group"])
 
     def forward_function(self, start: int, end: int) -> Callable[..., Any]:
         def execute(*x: Any) -> Any:
@@ -406,6 +420,18 @@ class PipelineLayer(nn.Module):
 
     def get_num_stages(self) -> int:
         return self._num_stages
+
+    def save_state_dict(self, path: str) -> None:
+        """Paddle's: each of this stage's layers into its own file under ``path`` (data rank 0 writes)."""
+        from .layer_files import save_state_dict
+
+        save_state_dict(self, path)
+
+    def set_state_dir(self, path: str) -> None:
+        """Paddle's: load this stage's layers from the files ``save_state_dict`` wrote under ``path``."""
+        from .layer_files import set_state_dir
+
+        set_state_dir(self, path)
 
     def get_stage_id(self) -> int:
         return self._stage_id

@@ -130,6 +130,10 @@ class HybridStage3(ShardedDataParallel):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         return hybrid_state.load_full_state_dict(self._layers, state_dict, strict=strict)
 
+    def state_layout(self) -> Any:
+        """How this rank's state sits in the full model's (the ``WrappedModel`` protocol; Note [hybrid full state])."""
+        return hybrid_state.state_layout(self._layers)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mp={self._hcg.get_model_parallel_world_size()}"
 

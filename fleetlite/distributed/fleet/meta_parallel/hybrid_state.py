@@ -44,13 +44,14 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from ....parallel.wrapped import StateLayout
 from .. import context
 from .mp_layers import placements_of
 from .sharded_state import _group_of, _mesh_of, _torch_optimizer, global_view, sharded_state_dict
 
-__all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
-           "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state", "full_optimizer_state",
-           "load_full_optimizer_state"]
+__all__ = ["is_hybrid_module", "state_layout", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state",
+           "load_dcp_state", "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state",
+           "full_optimizer_state", "load_full_optimizer_state"]
 
 _FLAT = "flatten_optimizer_state_dict"
 
@@ -71,6 +72,17 @@ def is_hybrid_module(module: nn.Module) -> bool:
         is_hybrid_module(tp_model._layers), is_hybrid_module(torch.nn.Linear(2, 2))     # True, False
     """
     return _stage(module)[2] > 1 or any(p.is_shard() for t in module.parameters() for p in placements_of(t))
+
+
+def state_layout(module: nn.Module) -> StateLayout:
+    """What a hybrid wrapper answers for the ``WrappedModel`` protocol's ``state_layout``: partial where ranks
+    hold different parts of ``module`` (:func:`is_hybrid_module`), the parallel plan's checkpoint degrees.
+
+    Example::
+
+        state_layout(tp_model._layers)      # StateLayout(partial=True, degrees={'dp': 1, 'mp': 2, 'pp': 1})
+    """
+    return StateLayout(is_hybrid_module(module), degrees_of(module))
 
 
 def _whole(value: Any, meshes: dict[int, Any], param: torch.Tensor | None = None) -> Any:

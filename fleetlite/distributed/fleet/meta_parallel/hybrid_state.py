@@ -342,42 +342,26 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
     return state
 
 
-def _to_local(value: Any) -> Any:
+def _local_view(param: Any, value: Any) -> Any:
+    """The inverse of :func:`~.sharded_state.global_view`: a loaded value as the parameter holds it, a local tensor,
+    or under stage 3 a ``DTensor`` laid out like the parameter (Note [stage 3 beside mp])."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(value, DTensor):
-        return value.to_local()
-    if isinstance(value, dict):
-        return {k: _to_local(v) for k, v in value.items()}
-    return value
+    if not isinstance(value, DTensor):
+        return value
+    local = value.to_local()
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride()) if isinstance(param, DTensor) else local
 
 
-def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
-    """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
-    DTensor: Note [stage 3 beside mp]): there a DTensor laid out like the parameter."""
+def _loaded_optimizer(module: nn.Module, optim: dict[str, Any], flat: bool) -> dict[str, Any]:
+    """A loaded optimizer state (flattened, or nested: ``{"state": {fqn: {name: value}}, ...}``) as the
+    parameters hold it (:func:`_local_view`)."""
     params = dict(module.named_parameters())
-    return {key: _like_param(value, params.get(_param_of(key))) for key, value in flat.items()}
-
-
-def _nested_in_param_layout(module: nn.Module, nested: dict[str, Any]) -> dict[str, Any]:
-    """A loaded nested optimizer state (``{"state": {fqn: {name: value}}, "param_groups": ...}``) laid out as
-    :func:`_in_param_layout` lays out the flattened one: a checkpoint of one process (or of a layout without
-    tensor parallelism) read into stage 3 beside mp keeps its state tensors DTensors like the parameters."""
-    params = dict(module.named_parameters())
-    return {**nested, "state": {fqn: {k: _like_param(v, params.get(fqn)) for k, v in entry.items()}
-                                for fqn, entry in nested["state"].items()}}
-
-
-def _like_param(value: Any, param: Any) -> Any:
-    """A loaded optimizer state value as a local tensor, or, where the parameter is a stage-3 shard (a DTensor:
-    Note [stage 3 beside mp]), a DTensor laid out like the parameter."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor) and isinstance(param, DTensor):
-        return value if value.device_mesh is param.device_mesh else DTensor.from_local(
-            value.to_local(), param.device_mesh, param.placements, run_check=False, shape=param.shape,
-            stride=param.stride())
-    return _to_local(value)
+    if flat:
+        return {key: _local_view(params.get(_param_of(key)), value) for key, value in optim.items()}
+    return {**optim, "state": {fqn: {k: _local_view(params.get(fqn), v) for k, v in entry.items()}
+                               for fqn, entry in optim["state"].items()}}
 
 
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
@@ -395,12 +379,13 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
     load_sharded_state_dict(module, state["model"])
     if optimizer is None or "optim" not in state:
         return
+    optim = _loaded_optimizer(module, state["optim"], flat)
     if flat:
-        load_flat_optimizer_state(module, optimizer, _in_param_layout(module, state["optim"]))
+        load_flat_optimizer_state(module, optimizer, optim)
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
-        set_optimizer_state_dict(module, opt, _nested_in_param_layout(module, state["optim"]), options=_options(False))
+        set_optimizer_state_dict(module, opt, optim, options=_options(False))
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:

@@ -2,30 +2,31 @@
 ``PipelineParallel`` answer for the ``WrappedModel`` protocol and what a Trainer checkpoint of them holds.
 
 # Note [hybrid full state]
-A tensor-parallel slice (Note [tensor-parallel parameters]) is one piece of the full tensor along its
-``split_axis``; a pipeline stage holds the entries of its own layers, named by global layer index, plus
-the ``shared_layers.<key>`` copies it shares with other stages. The *full state* is the single-process
-model's: every slice gathered over its mp group (concatenated along ``split_axis``), then every stage's
-entries gathered over the pipeline group (a shared weight once: its copies are equal). For a pipeline that
-is exactly the state of ``PipelineLayer(the same descs, num_stages=1)``. Loading a full state is the
-reverse: each rank keeps its slice (``chunk(mp)[mp_rank]`` along ``split_axis``, as the layers slice at
-construction) of the entries of its own stage.
+Every tensor of a rank is a piece of the full tensor as its DTensor placements on the mp mesh say
+(:func:`~.mp_layers.placements_of`: a slice is ``Shard(split_axis)``, the rest ``Replicate()``), and one
+pipeline stage holds the entries of its own layers, named by global layer index, plus the
+``shared_layers.<key>`` copies it shares with other stages (any other module is one stage holding every
+layer). The *full state* is the single-process model's: every tensor's view
+(:func:`~.sharded_state.global_view`) made whole (``full_tensor()``: a slice gathered over its mp group),
+then every stage's entries gathered over the pipeline group (a shared weight once: its copies are equal);
+for a pipeline exactly the state of ``PipelineLayer(the same descs, num_stages=1)``. Loading one is the
+reverse: each rank keeps its piece (``distribute_tensor`` with the same placements: ``torch.chunk``, as the
+layers slice at construction) of the entries of its own stage.
 
 # Note [hybrid DCP state]
-In a DCP checkpoint the model goes in as :func:`~.sharded_state.sharded_state_dict` (slices as ``DTensor``
-shards, replicated entries as plain tensors that DCP writes once) and the optimizer in torch's *flattened*
-form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(flatten_optimizer_state_dict=
-True)``), each state tensor of a slice a ``DTensor`` like its parameter. Flattened, every key belongs to one
-parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps all
-parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
+In a DCP checkpoint the model goes in as :func:`~.sharded_state.sharded_state_dict` (every tensor as its
+``DTensor`` view: DCP writes a slice's pieces and a replicated tensor once) and the optimizer in torch's
+*flattened* form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(
+flatten_optimizer_state_dict=True)``), each state tensor viewed like its parameter. Flattened, every key
+belongs to one parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps
+all parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
 the stages sharing a weight hold equal values under the same key, written once. A layer shared by several
 stages (``SharedLayerDesc``) is written by its first holder alone (``is_firstly_shared``): only its shared
 weight is kept equal across stages, and its other parameters (a bias) are the first holder's, as in the full
-state. Any layout reads it back:
-another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards). Under sharding
-stage 1 (a ``ZeroRedundancyOptimizer``) each rank's partition optimizer writes the keys of its own parameters
-(Note [stage 1 in DCP]) and a load fills them alike, then gives the loaded hyperparameters to the groups the
-user's LR scheduler drives.
+state. Any layout reads it back: another mp or pp degree, more or fewer data-parallel replicas, or one process
+(DCP reshards). Under sharding stage 1 (a ``ZeroRedundancyOptimizer``) each rank's partition optimizer writes
+the keys of its own parameters (Note [stage 1 in DCP]) and a load fills them alike, then gives the loaded
+hyperparameters to the groups the user's LR scheduler drives.
 
 Example::
 
@@ -47,7 +48,7 @@ from torch import nn
 from ....parallel.wrapped import StateLayout
 from .. import context
 from .mp_layers import placements_of
-from .sharded_state import _group_of, _mesh_of, _torch_optimizer, global_view, sharded_state_dict
+from .sharded_state import _group_of, _mesh_of, _torch_optimizer, global_view, sharded_state_dict, view_like
 
 __all__ = ["is_hybrid_module", "state_layout", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state",
            "load_dcp_state", "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state",
@@ -85,12 +86,10 @@ def state_layout(module: nn.Module) -> StateLayout:
     return StateLayout(is_hybrid_module(module), degrees_of(module))
 
 
-def _whole(value: Any, meshes: dict[int, Any], param: torch.Tensor | None = None) -> Any:
-    """A tensor laid out like ``param`` (default: itself) whole on this rank: its :func:`global_view`'s
-    ``full_tensor()`` (collective over the mp group, and the data mesh under stage 3; none when replicated)."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return global_view(value if param is None else param, value, meshes).full_tensor().detach()
+def _whole(t: Any) -> Any:
+    """A tensor's view (:func:`~.sharded_state.global_view`) whole on this rank: ``full_tensor()`` (collective over
+    the mp group, and the data mesh under stage 3; none when replicated); anything else as it is."""
+    return t.full_tensor().detach() if hasattr(t, "full_tensor") else t
 
 
 def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any = None) -> dict[str, torch.Tensor]:
@@ -102,7 +101,8 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any =
         full = full_state_dict(tp_model._layers)                    # mp slices gathered
     """
     meshes: dict[int, Any] = {}
-    out = {k: _whole(v, meshes) for k, v in module.state_dict(keep_vars=True).items()}
+    out = {k: _whole(global_view(v, meshes=meshes) if isinstance(v, torch.Tensor) else v)
+           for k, v in module.state_dict(keep_vars=True).items()}
     out = _merge_over(pp_group, out, order=_layer_order)  # a shared weight's copies are equal: the first stage's
     if rank0_only and td.is_initialized() and td.get_rank() != 0:
         return {}
@@ -244,11 +244,6 @@ def _param_of(key: str) -> str:
     return key.partition(".")[2].rpartition(".")[0]
 
 
-def _like(param: Any, value: Any) -> bool:
-    """Whether an optimizer state value is laid out like its parameter (AdamW's ``exp_avg``, not ``step``)."""
-    return param is not None and isinstance(value, torch.Tensor) and value.shape == param.shape
-
-
 def full_optimizer_state(module: nn.Module, optimizer: Any, pp_group: Any = None) -> dict[str, Any]:
     """The single-process model's optimizer state of a hybrid ``module``, in torch's flattened form (Note [hybrid
     full state], for the optimizer): each state tensor laid out like its parameter made whole like the parameter,
@@ -265,7 +260,7 @@ def full_optimizer_state(module: nn.Module, optimizer: Any, pp_group: Any = None
     out = {}
     for key in sorted(osd):  # the same order on every rank of an mp group: their gathers pair up
         value, p = osd[key], params.get(_param_of(key))
-        out[key] = _whole(value, meshes, p) if key.startswith("state.") and _like(p, value) else value
+        out[key] = _whole(view_like(p, value, meshes)) if key.startswith("state.") else value
     zero = _stepping(optimizer)[1]
     if zero is not None:
         out = _merge_over(zero.process_group, out)
@@ -322,22 +317,12 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
     osd = flat_optimizer_state(module, optimizer) if flat else \
         get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(False))
     params, meshes = dict(module.named_parameters()), {}
-
-    def view(fqn: str, value: Any) -> Any:
-        p = params.get(fqn)
-        return global_view(p, value, meshes) if _like(p, value) else value
-
     if flat:
-        out = {}
-        for key, value in osd.items():
-            section, _, rest = key.partition(".")
-            fqn = rest.rpartition(".")[0]
-            if fqn not in copies:
-                out[key] = view(fqn, value) if section == "state" else value
-        state["optim"] = out
+        state["optim"] = {key: view_like(params.get(_param_of(key)), value, meshes) if key.startswith("state.")
+                          else value for key, value in osd.items() if _param_of(key) not in copies}
     else:
-        osd["state"] = {fqn: {k: view(fqn, v) for k, v in entry.items()} for fqn, entry in osd["state"].items()
-                        if fqn not in copies}
+        osd["state"] = {fqn: {k: view_like(params.get(fqn), v, meshes) for k, v in entry.items()}
+                        for fqn, entry in osd["state"].items() if fqn not in copies}
         state["optim"] = osd
     return state
 

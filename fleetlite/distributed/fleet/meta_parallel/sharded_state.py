@@ -63,13 +63,10 @@ def _data_mp_view(param: torch.Tensor, shard: Any, mesh: Any) -> Any:
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    (piece,) = placements_of(param)
-    n = mesh.size(1)
+    (piece,), n = placements_of(param), mesh.size(1)
     data = _StridedShard(0, split_factor=n) if piece == Shard(0) else Shard(0)
-    shape = list(param.shape)  # FSDP2's global shape: this rank's piece; the full tensor is n pieces along a Shard
-    for dim in [p.dim for p in (piece,) if p.is_shard()]:
-        shape[dim] *= n
-    full = torch.Size(shape)
+    # FSDP2's global shape is this rank's piece's; the full tensor is n pieces along a Shard dimension
+    full = torch.Size(size * n if piece.is_shard(dim) else size for dim, size in enumerate(param.shape))
     local = shard.to_local()
     return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, [data, piece], run_check=False,
                               shape=full, stride=torch.empty(full, device="meta").stride())
@@ -158,16 +155,17 @@ def sharded_optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, 
 
     module = _unwrapped(model)
     osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=StateDictOptions(full_state_dict=False))
-    osd["state"] = {fqn: view_state(module, fqn, entry) for fqn, entry in osd["state"].items()}
+    meshes: dict[int, Any] = {}  # a new dict per parameter: torch's entries may be the optimizer's own
+    osd["state"] = {fqn: {k: view_like(module.get_parameter(fqn), v, meshes) for k, v in entry.items()}
+                    for fqn, entry in osd["state"].items()}
     return osd
 
 
-def view_state(module: nn.Module, fqn: str, entry: dict[str, Any], meshes: dict[int, Any] | None = None) -> dict:
-    """A parameter's optimizer state with each tensor shaped like the parameter (AdamW's ``exp_avg``) as its
-    :func:`global_view` (a new dict: torch's entries may be the optimizer's own)."""
-    param = module.get_parameter(fqn)
-    return {name: global_view(param, value, meshes) if isinstance(value, torch.Tensor) and value.shape == param.shape
-            else value for name, value in entry.items()}
+def view_like(param: torch.Tensor | None, value: Any, meshes: dict[int, Any]) -> Any:
+    """An optimizer state value laid out like ``param`` (AdamW's ``exp_avg``, not ``step``) as its
+    :func:`global_view`; any other value as it is."""
+    like = param is not None and isinstance(value, torch.Tensor) and value.shape == param.shape
+    return global_view(param, value, meshes) if like else value
 
 
 def load_sharded_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:

@@ -110,8 +110,7 @@ class HybridStage3(ShardedDataParallel):
             for attr, value in tags.get(name, {}).items():
                 setattr(p, attr, value)
             setattr(p, STAGE3_ATTR, group)
-            if is_split(p):
-                setattr(p, MESH_2D_ATTR, mesh_2d)
+            setattr(p, MESH_2D_ATTR, mesh_2d)  # every tensor's checkpoint view: its data and mp placements composed
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradients by the full model's global norm (each element once over data, sharding and mp: the

@@ -30,7 +30,7 @@ __all__ = ["global_view", "sharded_state_dict", "load_sharded_state_dict", "shar
            "load_sharded_optimizer_state_dict"]
 
 
-#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
+#: a stage-3 tensor's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
 MESH_2D_ATTR = "stage3_data_mp_mesh"
 
 

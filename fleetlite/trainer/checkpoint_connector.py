@@ -84,9 +84,8 @@ from ..checkpoint import (
 )
 from ..checkpoint.torch_state import app_state, check_finite, check_optimizer, load_app_state, optimizer_name
 from ..distributed import collective
-from ..distributed.fleet.fleet import get_parallel_plan
 from ..distributed.fleet.meta_parallel import get_rng_state_tracker
-from ..distributed.fleet.meta_parallel.hybrid_state import is_hybrid_module
+from ..parallel.wrapped import StateLayout
 from ..utils.user_warning import warn_user
 from ..utils.weights import strip_compile_prefix
 
@@ -128,7 +127,7 @@ class CheckpointConnector:
         """Write the full training state as a checkpoint file (collective; rank 0 writes, every rank returns the
         path or raises the same error). With ``latest`` non-finite weights are refused (``latest.pt`` stays)."""
         path = Path(path)
-        if self.hybrid:  # Note [hybrid checkpoints in the Trainer]
+        if self.layout.partial:  # Note [hybrid checkpoints in the Trainer]
             directory = path.with_suffix("") if path.suffix == ".pt" else path
             if latest and directory.name == "latest":
                 raise ValueError(f"{path}: a hybrid-parallel model checkpoints to a directory, and 'latest' is the "
@@ -218,16 +217,15 @@ class CheckpointConnector:
             net.load_full_state_dict(weights, strict=strict)
 
     @property
-    def hybrid(self) -> bool:
-        """Whether the model is tensor- or pipeline-parallel (Note [hybrid checkpoints in the Trainer])."""
-        return self.trainer.parallel_network is not None and is_hybrid_module(self._module())
+    def layout(self) -> StateLayout:
+        """How each rank's state sits in the full model's, as the wrapped model answers it (``partial``: no rank
+        holds it all, Note [hybrid checkpoints in the Trainer]; the degrees a checkpoint records)."""
+        net = self.trainer.parallel_network
+        return StateLayout.whole() if net is None else net.state_layout()
 
     def degrees(self) -> dict[str, int]:
-        """This run's ``{"dp", "mp", "pp"}`` degrees: the parallel plan's for a hybrid model (sharding and sep folded
-        into dp), data parallel over every rank for a model that is not hybrid."""
-        if self.hybrid:
-            return get_parallel_plan().checkpoint_degrees
-        return {"dp": collective.get_world_size(), "mp": 1, "pp": 1}
+        """This run's ``{"dp", "mp", "pp"}`` degrees (the wrapped model's: sharding and sep folded into dp)."""
+        return self.layout.degrees
 
     def _module(self) -> torch.nn.Module:
         """The plain module whose parameter names a sharded checkpoint uses."""
@@ -487,7 +485,7 @@ class CheckpointConnector:
     def _refuse_file_optimizer(self, path: Path, hint: str) -> None:
         """A checkpoint file's optimizer state is one process's, over whole tensors: it does not fit the slices or the
         stage of a hybrid-parallel model (Note [hybrid checkpoints in the Trainer])."""
-        if self.hybrid:
+        if self.layout.partial:
             raise CheckpointError(path, "is a checkpoint file, whose optimizer state holds whole tensors of one "
                                         "process; this tensor/pipeline-parallel run's optimizer holds slices or one "
                                         f"stage, so it cannot take it: {hint}")

@@ -102,7 +102,7 @@ class ModelCheckpoint(MonitorMixin, Callback):
             raise ValueError("ModelCheckpoint has no directory: pass ModelCheckpoint(save_dir=...) or "
                              "fit(..., save_dir=...)")
         self.directory = Path(d)
-        if self.sharded is False and self.trainer.checkpoint_connector.hybrid:
+        if self.sharded is False and self.trainer.checkpoint_connector.layout.partial:
             raise ValueError("ModelCheckpoint(sharded=False) asks for single checkpoint files, but a tensor- or "
                              "pipeline-parallel model checkpoints to DCP directories (each rank writes its slices "
                              "and stage; they reshard on load); drop sharded=False")

@@ -84,13 +84,11 @@ def data_mp_mesh(hcg: Any) -> Any:
 
 def _retag(layers: nn.Module, tags: Mapping[str, Mapping[str, Any]], group: Any, mesh_2d: Any) -> None:
     """Give FSDP2's new parameters of ``layers`` their slices' tags back (``tags``: by name, taken before
-    ``fully_shard``), the data × sharding ``group`` they are sharded over, and each slice the (data × sharding, mp)
-    mesh."""
+    ``fully_shard``), the data × sharding ``group`` they are sharded over, and every tensor the (data × sharding, mp)
+    mesh: every tensor's checkpoint view composes its data and mp placements (Note [tensor-parallel parameters])."""
     for name, p in layers.named_parameters():
-        for attr, value in {**tags.get(name, {}), STAGE3_ATTR: group}.items():
+        for attr, value in {**tags.get(name, {}), STAGE3_ATTR: group, MESH_2D_ATTR: mesh_2d}.items():
             setattr(p, attr, value)
-    for p in filter(is_split, layers.parameters()):
-        setattr(p, MESH_2D_ATTR, mesh_2d)
 
 
 class HybridStage3(ShardedDataParallel):
@@ -134,6 +132,10 @@ class HybridStage3(ShardedDataParallel):
         if any(isinstance(v, DTensor) for v in state_dict.values()):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         return hybrid_state.load_full_state_dict(self._layers, state_dict, strict=strict)
+
+    def state_layout(self) -> Any:
+        """How this rank's state sits in the full model's (the ``WrappedModel`` protocol; Note [hybrid full state])."""
+        return hybrid_state.state_layout(self._layers)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mp={self._hcg.get_model_parallel_world_size()}"

@@ -2,30 +2,31 @@
 ``PipelineParallel`` answer for the ``WrappedModel`` protocol and what a Trainer checkpoint of them holds.
 
 # Note [hybrid full state]
-A tensor-parallel slice (Note [tensor-parallel parameters]) is one piece of the full tensor along its
-``split_axis``; a pipeline stage holds the entries of its own layers, named by global layer index, plus
-the ``shared_layers.<key>`` copies it shares with other stages. The *full state* is the single-process
-model's: every slice gathered over its mp group (concatenated along ``split_axis``), then every stage's
-entries gathered over the pipeline group (a shared weight once: its copies are equal). For a pipeline that
-is exactly the state of ``PipelineLayer(the same descs, num_stages=1)``. Loading a full state is the
-reverse: each rank keeps its slice (``chunk(mp)[mp_rank]`` along ``split_axis``, as the layers slice at
-construction) of the entries of its own stage.
+Every tensor of a rank is a piece of the full tensor as its DTensor placements on the mp mesh say
+(:func:`~.mp_layers.placements_of`: a slice is ``Shard(split_axis)``, the rest ``Replicate()``), and one
+pipeline stage holds the entries of its own layers, named by global layer index, plus the
+``shared_layers.<key>`` copies it shares with other stages (any other module is one stage holding every
+layer). The *full state* is the single-process model's: every tensor's view
+(:func:`~.sharded_state.global_view`) made whole (``full_tensor()``: a slice gathered over its mp group),
+then every stage's entries gathered over the pipeline group (a shared weight once: its copies are equal);
+for a pipeline exactly the state of ``PipelineLayer(the same descs, num_stages=1)``. Loading one is the
+reverse: each rank keeps its piece (``distribute_tensor`` with the same placements: ``torch.chunk``, as the
+layers slice at construction) of the entries of its own stage.
 
 # Note [hybrid DCP state]
-In a DCP checkpoint the model goes in as :func:`~.sharded_state.sharded_state_dict` (slices as ``DTensor``
-shards, replicated entries as plain tensors that DCP writes once) and the optimizer in torch's *flattened*
-form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(flatten_optimizer_state_dict=
-True)``), each state tensor of a slice a ``DTensor`` like its parameter. Flattened, every key belongs to one
-parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps all
-parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
+In a DCP checkpoint the model goes in as :func:`~.sharded_state.sharded_state_dict` (every tensor as its
+``DTensor`` view: DCP writes a slice's pieces and a replicated tensor once) and the optimizer in torch's
+*flattened* form (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``: ``StateDictOptions(
+flatten_optimizer_state_dict=True)``), each state tensor viewed like its parameter. Flattened, every key
+belongs to one parameter, so each pipeline stage writes the keys of its own parameters (the nested form keeps
+all parameter groups under one key, which stages would overwrite with their own); data-parallel replicas and
 the stages sharing a weight hold equal values under the same key, written once. A layer shared by several
 stages (``SharedLayerDesc``) is written by its first holder alone (``is_firstly_shared``): only its shared
 weight is kept equal across stages, and its other parameters (a bias) are the first holder's, as in the full
-state. Any layout reads it back:
-another mp or pp degree, more or fewer data-parallel replicas, or one process (DCP reshards). Under sharding
-stage 1 (a ``ZeroRedundancyOptimizer``) each rank's partition optimizer writes the keys of its own parameters
-(Note [stage 1 in DCP]) and a load fills them alike, then gives the loaded hyperparameters to the groups the
-user's LR scheduler drives.
+state. Any layout reads it back: another mp or pp degree, more or fewer data-parallel replicas, or one process
+(DCP reshards). Under sharding stage 1 (a ``ZeroRedundancyOptimizer``) each rank's partition optimizer writes
+the keys of its own parameters (Note [stage 1 in DCP]) and a load fills them alike, then gives the loaded
+hyperparameters to the groups the user's LR scheduler drives.
 
 Example::
 
@@ -44,22 +45,24 @@ import torch
 import torch.distributed as td
 from torch import nn
 
+from ....parallel.wrapped import StateLayout
 from .. import context
-from .mp_layers import is_split
-from .sharded_state import _local, _mesh_of, _torch_optimizer, full_tensor_view, sharded_state_dict
+from .mp_layers import placements_of
+from .sharded_state import _group_of, _mesh_of, _torch_optimizer, global_view, sharded_state_dict, view_like
 
-__all__ = ["is_hybrid_module", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state", "load_dcp_state",
-           "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state", "full_optimizer_state",
-           "load_full_optimizer_state"]
+__all__ = ["is_hybrid_module", "state_layout", "degrees_of", "full_state_dict", "load_full_state_dict", "dcp_state",
+           "load_dcp_state", "has_flat_optimizer", "flat_optimizer_state", "load_flat_optimizer_state",
+           "full_optimizer_state", "load_full_optimizer_state"]
 
 _FLAT = "flatten_optimizer_state_dict"
 
 
-def _pipeline(module: nn.Module) -> Any:
-    """``module`` when it is one stage of a pipeline of several (a ``PipelineLayer``: duck-typed, as pipeline/
-    imports this module), else None."""
-    stages = getattr(module, "get_num_stages", None)
-    return module if callable(stages) and hasattr(module, "segment_parts") and stages() > 1 else None
+def _stage(module: nn.Module) -> tuple[Any, int, int, int]:
+    """(the stage of a layer index, this rank's stage, the number of stages, the number of layers) of ``module``
+    as a pipeline: a ``PipelineLayer``'s own (duck-typed: pipeline/ imports this module), and for any other
+    module one stage holding every layer."""
+    return (getattr(module, "get_stage_from_index", lambda index: 0), getattr(module, "get_stage_id", lambda: 0)(),
+            getattr(module, "get_num_stages", lambda: 1)(), getattr(module, "_num_layers", 0))
 
 
 def is_hybrid_module(module: nn.Module) -> bool:
@@ -69,28 +72,24 @@ def is_hybrid_module(module: nn.Module) -> bool:
 
         is_hybrid_module(tp_model._layers), is_hybrid_module(torch.nn.Linear(2, 2))     # True, False
     """
-    return _pipeline(module) is not None or any(is_split(p) for p in module.parameters())
+    return _stage(module)[2] > 1 or any(p.is_shard() for t in module.parameters() for p in placements_of(t))
 
 
-def _mp(param: torch.Tensor) -> tuple[int, int]:
-    return td.get_world_size(param.mp_group), td.get_rank(param.mp_group)
+def state_layout(module: nn.Module) -> StateLayout:
+    """What a hybrid wrapper answers for the ``WrappedModel`` protocol's ``state_layout``: partial where ranks
+    hold different parts of ``module`` (:func:`is_hybrid_module`), the parallel plan's checkpoint degrees.
+
+    Example::
+
+        state_layout(tp_model._layers)      # StateLayout(partial=True, degrees={'dp': 1, 'mp': 2, 'pp': 1})
+    """
+    return StateLayout(is_hybrid_module(module), degrees_of(module))
 
 
-def _unsharded(t: torch.Tensor) -> torch.Tensor:
-    """``t`` whole on this rank: a stage-3 shard (a DTensor: Note [stage 3 beside mp]) gathered over its
-    data mesh (collective), any other tensor as it is."""
-    return t.full_tensor().detach() if hasattr(t, "full_tensor") else t.detach()
-
-
-@torch.no_grad()
-def _gather_slice(t: torch.Tensor) -> torch.Tensor:
-    n, _ = _mp(t)
-    local = _unsharded(t)
-    if n == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(n)]
-    td.all_gather(parts, local.contiguous(), group=t.mp_group)
-    return torch.cat(parts, dim=t.split_axis)
+def _whole(t: Any) -> Any:
+    """A tensor's view (:func:`~.sharded_state.global_view`) whole on this rank: ``full_tensor()`` (collective over
+    the mp group, and the data mesh under stage 3; none when replicated); anything else as it is."""
+    return t.full_tensor().detach() if hasattr(t, "full_tensor") else t
 
 
 def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any = None) -> dict[str, torch.Tensor]:
@@ -101,18 +100,10 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False, pp_group: Any =
 
         full = full_state_dict(tp_model._layers)                    # mp slices gathered
     """
-    own = module.state_dict(keep_vars=True)
-    out = {k: _gather_slice(v) if isinstance(v, torch.Tensor) and is_split(v) else
-           (_unsharded(v) if isinstance(v, torch.Tensor) else v) for k, v in own.items()}
-    if _pipeline(module) is not None and pp_group is not None and td.get_world_size(pp_group) > 1:
-        stages: list[Any] = [None] * td.get_world_size(pp_group)
-        td.all_gather_object(stages, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()},
-                             group=pp_group)
-        merged: dict[str, Any] = {}
-        for entries in stages:
-            for k, v in entries.items():
-                merged.setdefault(k, v)  # a shared weight's copies are equal: the first stage's
-        out = {k: merged[k] for k in sorted(merged, key=_layer_order)}
+    meshes: dict[int, Any] = {}
+    out = {k: _whole(global_view(v, meshes=meshes) if isinstance(v, torch.Tensor) else v)
+           for k, v in module.state_dict(keep_vars=True).items()}
+    out = _merge_over(pp_group, out, order=_layer_order)  # a shared weight's copies are equal: the first stage's
     if rank0_only and td.is_initialized() and td.get_rank() != 0:
         return {}
     return out
@@ -124,17 +115,46 @@ def _layer_order(key: str) -> tuple[int, str]:
 
 
 def _other_stage(module: nn.Module, key: str) -> bool:
-    """A key of another stage of ``module``'s pipeline (a layer index outside this stage)."""
-    pipe = _pipeline(module)
+    """A key of another stage of ``module``'s pipeline: a layer index it places on another stage, or a copy of a
+    shared layer that it does not hold."""
+    stage_of, mine, stages, layers = _stage(module)
     head = key.split(".", 1)[0]
-    if pipe is None or not head.isdigit():
-        return pipe is not None and key.startswith("shared_layers.")
-    index = int(head)
-    return 0 <= index < pipe._num_layers and pipe.get_stage_from_index(index) != pipe.get_stage_id()
+    if head.isdigit():
+        return 0 <= int(head) < layers and stage_of(int(head)) != mine
+    return stages > 1 and key.startswith("shared_layers.")
+
+
+def _mp_part(key: str, value: torch.Tensor, target: torch.Tensor, meshes: dict[int, Any]) -> torch.Tensor:
+    """This rank's piece of the full tensor ``value`` along the mp dimension, as ``target`` is placed
+    (:func:`~.mp_layers.placements_of`: ``chunk(mp)[mp_rank]`` of a slice, all of a replicated tensor)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh, placements = _mesh_of(_group_of(target), meshes, target.device.type), placements_of(target)
+    full = list(target.shape)
+    for p in placements:
+        if p.is_shard():
+            full[p.dim] *= mesh.size()
+    if list(value.shape) != full:
+        raise RuntimeError(f"{key}: the full tensor has shape {tuple(value.shape)}, but this model's is {tuple(full)} "
+                           f"(this rank holds {tuple(target.shape)} of it, placed {placements} over {mesh.size()} "
+                           "mp ranks); pass the full (single-process) state")
+    return distribute_tensor(value.detach().to(target.device), mesh, placements, src_data_rank=None).to_local()
+
+
+def _part(key: str, value: Any, target: Any, meshes: dict[int, Any]) -> Any:
+    """This rank's part of the full tensor ``value``, laid out like ``target``: its mp piece (:func:`_mp_part`), and
+    under stage 3 FSDP2's shard of that (a ``DTensor`` like the parameter: Note [stage 3 beside mp])."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not (isinstance(value, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return value
+    piece = _mp_part(key, value, target, meshes)
+    return distribute_tensor(piece, target.device_mesh, target.placements, src_data_rank=None) \
+        if isinstance(target, DTensor) else piece
 
 
 def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
-    """Load a full state (Note [hybrid full state]) into a hybrid ``module``: each rank keeps its slice of its
+    """Load a full state (Note [hybrid full state]) into a hybrid ``module``: each rank keeps its part of its
     stage's entries. Not collective. ``strict``: a missing entry, or one that belongs to no stage, raises.
 
     Example::
@@ -146,24 +166,8 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, Any], stric
     if strict and unexpected:
         raise RuntimeError(f"the full state has entries this model does not know: {sorted(unexpected)[:10]}; pass "
                            "the state of the same model (its single-process keys)")
-    mine: dict[str, Any] = {}
-    for key, target in own.items():
-        if key not in state_dict:
-            continue
-        value = state_dict[key]
-        if isinstance(target, torch.Tensor) and is_split(target) and isinstance(value, torch.Tensor):
-            n, r = _mp(target)
-            if value.shape[target.split_axis] != target.shape[target.split_axis] * n:
-                raise RuntimeError(f"{key}: the full tensor has shape {tuple(value.shape)}, but this rank's slice "
-                                   f"{tuple(target.shape)} is 1/{n} of it along axis {target.split_axis}; pass the "
-                                   "full (single-process) state")
-            value = value.chunk(n, dim=target.split_axis)[r]
-        if hasattr(target, "device_mesh") and isinstance(value, torch.Tensor) and not hasattr(value, "device_mesh"):
-            from torch.distributed.tensor import distribute_tensor  # a stage-3 shard: this rank's part, no message
-
-            value = distribute_tensor(value.to(target.device), target.device_mesh, target.placements,
-                                      src_data_rank=None)
-        mine[key] = value
+    meshes: dict[int, Any] = {}
+    mine = {key: _part(key, state_dict[key], target, meshes) for key, target in own.items() if key in state_dict}
     return module.load_state_dict(mine, strict=strict)
 
 
@@ -220,8 +224,9 @@ def load_flat_optimizer_state(module: nn.Module, optimizer: Any, state: dict[str
             group.update({k: v for k, v in loaded.items() if k != "params" and k in group})
 
 
-def _merge_over(group: Any, entries: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's ``entries`` of ``group`` merged (the first rank's value where several hold a key); collective."""
+def _merge_over(group: Any, entries: dict[str, Any], order: Any = None) -> dict[str, Any]:
+    """Every rank's ``entries`` of ``group`` merged (the first rank's value where several hold a key; sorted by
+    ``order`` if given); collective."""
     if group is None or td.get_world_size(group) == 1:
         return entries
     parts: list[Any] = [None] * td.get_world_size(group)
@@ -231,7 +236,7 @@ def _merge_over(group: Any, entries: dict[str, Any]) -> dict[str, Any]:
     for part in parts:
         for k, v in part.items():
             merged.setdefault(k, v)
-    return merged
+    return {k: merged[k] for k in sorted(merged, key=order)} if order is not None else merged
 
 
 def _param_of(key: str) -> str:
@@ -241,7 +246,7 @@ def _param_of(key: str) -> str:
 
 def full_optimizer_state(module: nn.Module, optimizer: Any, pp_group: Any = None) -> dict[str, Any]:
     """The single-process model's optimizer state of a hybrid ``module``, in torch's flattened form (Note [hybrid
-    full state], for the optimizer): each state tensor of a slice gathered over its mp group like the parameter,
+    full state], for the optimizer): each state tensor laid out like its parameter made whole like the parameter,
     every stage's keys gathered over ``pp_group``, and under sharding stage 1 every partition's keys over the
     sharding group. Collective; what Paddle's ``Model.save`` writes as ``.pdopt``. It loads into the same model
     in one process (``load_flat_optimizer_state``) or under any degrees (:func:`load_full_optimizer_state`).
@@ -251,32 +256,20 @@ def full_optimizer_state(module: nn.Module, optimizer: Any, pp_group: Any = None
         full = full_optimizer_state(tp_model._layers, opt)      # state.<fqn>.exp_avg: full tensors
     """
     osd = flat_optimizer_state(module, optimizer)
-    params = dict(module.named_parameters())
-    out: dict[str, Any] = {}
+    params, meshes = dict(module.named_parameters()), {}
+    out = {}
     for key in sorted(osd):  # the same order on every rank of an mp group: their gathers pair up
         value, p = osd[key], params.get(_param_of(key))
-        gather = key.startswith("state.") and p is not None and is_split(p) and isinstance(value, torch.Tensor) \
-            and value.shape == p.shape
-        out[key] = _gather_slice_like(value, p) if gather else value
+        out[key] = _whole(view_like(p, value, meshes)) if key.startswith("state.") else value
     zero = _stepping(optimizer)[1]
     if zero is not None:
         out = _merge_over(zero.process_group, out)
-    if _pipeline(module) is not None:
-        out = _merge_over(pp_group, out)
-    return out
-
-
-@torch.no_grad()
-def _gather_slice_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    n, _ = _mp(param)
-    parts = [torch.empty_like(value) for _ in range(n)]
-    td.all_gather(parts, value.detach().contiguous(), group=param.mp_group)
-    return torch.cat(parts, dim=param.split_axis)
+    return _merge_over(pp_group, out)
 
 
 def load_full_optimizer_state(module: nn.Module, optimizer: Any, state: Mapping[str, Any]) -> None:
     """Load a full flattened optimizer state (:func:`full_optimizer_state`, or the flattened state of the
-    single-process model) into a hybrid ``module``'s optimizer: each rank keeps its slice of the state of its own
+    single-process model) into a hybrid ``module``'s optimizer: each rank keeps its piece of the state of its own
     stage's parameters. Not collective.
 
     Example::
@@ -290,16 +283,14 @@ def load_full_optimizer_state(module: nn.Module, optimizer: Any, state: Mapping[
                          "(reset_optimizer=True)")
     owned = {id(p) for g in _stepping(optimizer)[0].param_groups for p in g["params"]}  # stage 1: a partition
     params = {n: p for n, p in module.named_parameters() if id(p) in owned}
+    meshes: dict[int, Any] = {}
     mine: dict[str, Any] = {}
     for key, value in state.items():
         p = params.get(_param_of(key))
         if p is None:
             continue  # another stage's parameter, or another partition's
-        if key.startswith("state.") and is_split(p) and isinstance(value, torch.Tensor) and value.dim() == p.dim() \
-                and value.shape != p.shape:
-            n, r = _mp(p)
-            value = value.chunk(n, dim=p.split_axis)[r].clone()
-        mine[key] = value
+        whole = key.startswith("state.") and isinstance(value, torch.Tensor) and value.dim() == p.dim()
+        mine[key] = _mp_part(key, value, p, meshes).clone() if whole and value.shape != p.shape else value
     load_flat_optimizer_state(module, optimizer, mine)
 
 
@@ -314,10 +305,9 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
         state = dcp_state(stage, opt); dcp.load(state, checkpoint_id="ckpt"); load_dcp_state(stage, opt, state)
     """
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    from torch.distributed.tensor import DTensor, Shard
 
     copies = {n for n, p in module.named_parameters() if getattr(p, "is_firstly_shared", True) is False} \
-        if writing and _pipeline(module) is not None else set()
+        if writing else set()
     state: dict[str, Any] = {"model": {k: v for k, v in sharded_state_dict(module).items() if k not in copies}}
     if optimizer is None:
         return state
@@ -326,69 +316,37 @@ def dcp_state(module: nn.Module, optimizer: Any = None, flat: bool = True, writi
                          "tensor/pipeline parallelism; load its weights only (reset_optimizer=True)")
     osd = flat_optimizer_state(module, optimizer) if flat else \
         get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=_options(False))
-    params = {n: p for n, p in module.named_parameters() if is_split(p)}
-    meshes: dict[int, Any] = {}
-
-    def shard(fqn: str, value: Any) -> Any:
-        p = params.get(fqn)
-        if p is None or not isinstance(value, torch.Tensor) or value.shape != p.shape:
-            return value
-        if isinstance(value, DTensor):  # stage 3 beside mp: a piece of the full state (Note [stage 3 beside mp])
-            return full_tensor_view(p, value)
-        return DTensor.from_local(_local(value), _mesh_of(p.mp_group, meshes, p.device.type), [Shard(p.split_axis)],
-                                  run_check=False)
-
+    params, meshes = dict(module.named_parameters()), {}
     if flat:
-        out = {}
-        for key, value in osd.items():
-            section, _, rest = key.partition(".")
-            fqn = rest.rpartition(".")[0]
-            if fqn not in copies:
-                out[key] = shard(fqn, value) if section == "state" else value
-        state["optim"] = out
+        state["optim"] = {key: view_like(params.get(_param_of(key)), value, meshes) if key.startswith("state.")
+                          else value for key, value in osd.items() if _param_of(key) not in copies}
     else:
-        osd["state"] = {fqn: {k: shard(fqn, v) for k, v in entry.items()} for fqn, entry in osd["state"].items()
-                        if fqn not in copies}
+        osd["state"] = {fqn: {k: view_like(params.get(fqn), v, meshes) for k, v in entry.items()}
+                        for fqn, entry in osd["state"].items() if fqn not in copies}
         state["optim"] = osd
     return state
 
 
-def _to_local(value: Any) -> Any:
+def _local_view(param: Any, value: Any) -> Any:
+    """The inverse of :func:`~.sharded_state.global_view`: a loaded value as the parameter holds it, a local tensor,
+    or under stage 3 a ``DTensor`` laid out like the parameter (Note [stage 3 beside mp])."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(value, DTensor):
-        return value.to_local()
-    if isinstance(value, dict):
-        return {k: _to_local(v) for k, v in value.items()}
-    return value
+    if not isinstance(value, DTensor):
+        return value
+    local = value.to_local()
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride()) if isinstance(param, DTensor) else local
 
 
-def _in_param_layout(module: nn.Module, flat: dict[str, Any]) -> dict[str, Any]:
-    """A loaded flattened optimizer state as local tensors, except where the parameter is a stage-3 shard (a
-    DTensor: Note [stage 3 beside mp]): there a DTensor laid out like the parameter."""
+def _loaded_optimizer(module: nn.Module, optim: dict[str, Any], flat: bool) -> dict[str, Any]:
+    """A loaded optimizer state (flattened, or nested: ``{"state": {fqn: {name: value}}, ...}``) as the
+    parameters hold it (:func:`_local_view`)."""
     params = dict(module.named_parameters())
-    return {key: _like_param(value, params.get(_param_of(key))) for key, value in flat.items()}
-
-
-def _nested_in_param_layout(module: nn.Module, nested: dict[str, Any]) -> dict[str, Any]:
-    """A loaded nested optimizer state (``{"state": {fqn: {name: value}}, "param_groups": ...}``) laid out as
-    :func:`_in_param_layout` lays out the flattened one: a checkpoint of one process (or of a layout without
-    tensor parallelism) read into stage 3 beside mp keeps its state tensors DTensors like the parameters."""
-    params = dict(module.named_parameters())
-    return {**nested, "state": {fqn: {k: _like_param(v, params.get(fqn)) for k, v in entry.items()}
-                                for fqn, entry in nested["state"].items()}}
-
-
-def _like_param(value: Any, param: Any) -> Any:
-    """A loaded optimizer state value as a local tensor, or, where the parameter is a stage-3 shard (a DTensor:
-    Note [stage 3 beside mp]), a DTensor laid out like the parameter."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor) and isinstance(param, DTensor):
-        return value if value.device_mesh is param.device_mesh else DTensor.from_local(
-            value.to_local(), param.device_mesh, param.placements, run_check=False, shape=param.shape,
-            stride=param.stride())
-    return _to_local(value)
+    if flat:
+        return {key: _local_view(params.get(_param_of(key)), value) for key, value in optim.items()}
+    return {**optim, "state": {fqn: {k: _local_view(params.get(fqn), v) for k, v in entry.items()}
+                               for fqn, entry in optim["state"].items()}}
 
 
 def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], flat: bool = True) -> None:
@@ -406,12 +364,13 @@ def load_dcp_state(module: nn.Module, optimizer: Any, state: dict[str, Any], fla
     load_sharded_state_dict(module, state["model"])
     if optimizer is None or "optim" not in state:
         return
+    optim = _loaded_optimizer(module, state["optim"], flat)
     if flat:
-        load_flat_optimizer_state(module, optimizer, _in_param_layout(module, state["optim"]))
+        load_flat_optimizer_state(module, optimizer, optim)
         return
     opt = _torch_optimizer(optimizer)
     with groups_kept(opt):  # Note [shared parameter groups]
-        set_optimizer_state_dict(module, opt, _nested_in_param_layout(module, state["optim"]), options=_options(False))
+        set_optimizer_state_dict(module, opt, optim, options=_options(False))
 
 
 def degrees_of(module: nn.Module) -> dict[str, int]:

@@ -8,8 +8,10 @@ weight, marked with ``param.split_axis`` (the sliced dimension, in torch's layou
 ``[out_features, in_features]``) and ``param.mp_group``; replicated parameters have no ``split_axis``.
 Plain tensors keep every torch optimizer (foreach kernels), ``GradScaler``, the data-parallel engine
 and the clip code working unchanged. (Paddle's ``param.is_distributed`` is not set: on a torch tensor that
-name is a method, always truthy; use :func:`is_split`.) For a reshardable checkpoint,
-:func:`~.sharded_state.sharded_state_dict` views the slices as ``DTensor`` shards on the mp mesh, which
+name is a method, always truthy; use :func:`is_split`.) Every tensor's place in the full one is given by
+:func:`placements_of`: DTensor placements on the mp mesh dimension, ``Shard(split_axis)`` for a slice and
+``Replicate()`` for anything else. The checkpoint view (:func:`~.sharded_state.global_view`) reads only that:
+it views every tensor as ``DTensor.from_local(t, mp mesh, placements_of(t))``, which
 ``torch.distributed.checkpoint`` saves and reloads at any mp degree.
 
 The full weight is initialised (torch's ``nn.Linear`` / ``nn.Embedding`` init, or ``weight_attr``) from the
@@ -40,12 +42,26 @@ from . import mp_ops
 from .mp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, group_rank, group_size
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
-           "is_split"]
+           "is_split", "placements_of"]
 
 
 def is_split(param: torch.Tensor) -> bool:
     """True for a tensor-parallel slice (Note [tensor-parallel parameters]); False for a replicated parameter."""
     return getattr(param, "split_axis", None) is not None
+
+
+def placements_of(param: torch.Tensor) -> list[Any]:
+    """``param``'s DTensor placements on the mp mesh dimension (Note [tensor-parallel parameters]): a slice is
+    ``Shard(split_axis)`` (``torch.chunk`` of the full tensor, this rank's piece), anything else ``Replicate()``.
+
+    Example::
+
+        placements_of(ColumnParallelLinear(4, 8).weight), placements_of(torch.zeros(2))  # [Shard(0)], [Replicate()]
+    """
+    from torch.distributed.tensor import Replicate, Shard  # ~0.5 s, on use
+
+    axis = getattr(param, "split_axis", None)
+    return [Replicate() if axis is None else Shard(axis)]
 
 
 def _mp_group(mp_group: Any, what: str) -> Any:

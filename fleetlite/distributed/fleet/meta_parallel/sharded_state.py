@@ -1,10 +1,11 @@
 """Reshardable checkpoints of tensor-parallel models: their state as ``DTensor`` shards for
 ``torch.distributed.checkpoint`` (DCP).
 
-A tensor-parallel slice (Note [tensor-parallel parameters]) becomes ``DTensor.from_local(slice, mesh,
-[Shard(split_axis)])`` on a 1-D mesh of its mp group, sharing the parameter's storage; replicated entries
-stay plain tensors (DCP writes them once). DCP then saves each slice with its offset in the full tensor, and
-loads into any layout: another mp degree, or a single-process model's plain full tensors.
+Every tensor becomes ``DTensor.from_local(t, mesh, placements_of(t))`` on the 1-D mesh of its mp group
+(:func:`global_view`), sharing the parameter's storage: a tensor-parallel slice (Note [tensor-parallel
+parameters]) is a ``Shard(split_axis)``, anything else a ``Replicate()`` that DCP writes once. DCP then saves
+each slice with its offset in the full tensor, and loads into any layout: another mp degree, or a
+single-process model's plain full tensors.
 
 Example::
 
@@ -23,39 +24,68 @@ import torch
 import torch.nn as nn
 
 from .. import context
-from .mp_layers import is_split
+from .mp_layers import placements_of
 
-__all__ = ["sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
+__all__ = ["global_view", "sharded_state_dict", "load_sharded_state_dict", "sharded_optimizer_state_dict",
            "load_sharded_optimizer_state_dict"]
 
 
-#: a stage-3 slice's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
+#: a stage-3 tensor's 2-D (data × sharding, mp) mesh (Note [stage 3 beside mp]), set by ``HybridStage3``
 MESH_2D_ATTR = "stage3_data_mp_mesh"
 
 
-def full_tensor_view(param: torch.Tensor, shard: torch.Tensor | None = None) -> torch.Tensor:
-    """A stage-3 slice's shard as a ``DTensor`` of the *full* tensor on the (data × sharding, mp) mesh, sharing
-    its storage: the slice is a ``Shard(split_axis)`` over mp, FSDP2's part of it a dim-0 chunk over data ×
-    sharding (``_StridedShard`` when both are dim 0, as FSDP2 lays out its own 2-D parameters). DCP saves it with
-    its offsets in the full tensor, so the checkpoint loads into one process or another layout. ``shard``: a
-    tensor laid out like the parameter (its optimizer state, a DTensor on the same mesh) instead of it."""
+def global_view(param: torch.Tensor, value: torch.Tensor | None = None, meshes: dict[int, Any] | None = None) -> Any:
+    """``param`` (or ``value``, a tensor laid out like it: its optimizer state) as a ``DTensor`` of the *full*
+    (single-process) tensor, sharing its storage (Note [shard storage offset]): ``DTensor.from_local`` on the mp
+    mesh with :func:`~.mp_layers.placements_of`, for every tensor alike (a replicated one is written once by
+    DCP). Under stage 3 (Note [stage 3 beside mp]) the tensor is FSDP2's ``DTensor`` already, whose data
+    placements compose with the mp one on the (data × sharding, mp) mesh. ``meshes``: a cache of 1-D meshes.
+
+    Example::
+
+        dcp.save({k: global_view(t) for k, t in model.state_dict(keep_vars=True).items()}, checkpoint_id="ckpt")
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = (param if value is None else value).detach()
+    if isinstance(local, DTensor):
+        mesh = getattr(param, MESH_2D_ATTR, None)
+        return local if mesh is None else _data_mp_view(param, local, mesh)
+    group = _group_of(param)
+    return DTensor.from_local(_local(local), _mesh_of(group, {} if meshes is None else meshes, local.device.type),
+                              placements_of(param), run_check=False)
+
+
+def _data_mp_view(param: torch.Tensor, shard: Any, mesh: Any) -> Any:
+    """A stage-3 tensor (FSDP2's dim-0 chunk over data × sharding of this rank's piece) as a ``DTensor`` of the
+    full tensor on the (data × sharding, mp) mesh: FSDP2's dim-0 chunk composed with the mp placement
+    (``_StridedShard`` when both split dim 0, as FSDP2 lays out its own 2-D parameters)."""
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    mesh = getattr(param, MESH_2D_ATTR)
-    axis, mp = param.split_axis, mesh.size(1)
-    placements = [_StridedShard(0, split_factor=mp), Shard(0)] if axis == 0 else [Shard(0), Shard(axis)]
-    local = (param if shard is None else shard).to_local().detach()
-    shape = list(param.shape)  # the slice's (FSDP2's global shape), times mp along split_axis: the full tensor's
-    shape[axis] *= mp
-    full = torch.Size(shape)
-    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, placements, run_check=False,
+    (piece,), n = placements_of(param), mesh.size(1)
+    data = _StridedShard(0, split_factor=n) if piece == Shard(0) else Shard(0)
+    # FSDP2's global shape is this rank's piece's; the full tensor is n pieces along a Shard dimension
+    full = torch.Size(size * n if piece.is_shard(dim) else size for dim, size in enumerate(param.shape))
+    local = shard.to_local()
+    return DTensor.from_local(local.clone() if local.storage_offset() else local, mesh, [data, piece], run_check=False,
                               shape=full, stride=torch.empty(full, device="meta").stride())
 
 
+def _group_of(param: torch.Tensor) -> Any:
+    """The mp group ``param`` is placed over: its own (a layer's ``mp_group``), else the parallel plan's, else the
+    world (a replicated tensor is the same on any group)."""
+    import torch.distributed as td
+
+    group, plan = getattr(param, "mp_group", None), context.state.plan
+    if group is None and plan is not None and plan.mesh is not None:
+        group = plan.group("mp")
+    return td.group.WORLD if group is None else group
+
+
 def _mesh_of(group: Any, cache: dict[int, Any], device_type: str) -> Any:
-    """The 1-D mesh of a slice's mp group: the parallel plan's ``mp`` dimension when the group is the plan's (one
-    mesh for the run), else a mesh over the group given by hand (``mp_group=`` of a layer)."""
+    """The 1-D mesh of a tensor's mp group: the parallel plan's ``mp`` dimension when the group is the plan's (one
+    mesh for the run), else a mesh over the group (``mp_group=`` of a layer, or the world)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     if id(group) not in cache:
@@ -83,21 +113,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def sharded_state_dict(model: nn.Module) -> dict[str, Any]:
-    """``model.state_dict()`` with every tensor-parallel slice as a ``DTensor`` shard (storage shared, except
-    for a slice that is a view at an offset: Note [shard storage offset])."""
-    from torch.distributed.tensor import DTensor, Shard
-
+    """``model.state_dict()`` with every tensor as its :func:`global_view` (storage shared, except for a slice
+    that is a view at an offset: Note [shard storage offset])."""
     meshes: dict[int, Any] = {}
-    out: dict[str, Any] = {}
-    for key, value in model.state_dict(keep_vars=True).items():
-        if isinstance(value, DTensor) and is_split(value):  # a stage-3 shard of a slice
-            out[key] = full_tensor_view(value)
-        elif isinstance(value, torch.Tensor) and is_split(value):
-            mesh = _mesh_of(value.mp_group, meshes, value.device.type)
-            out[key] = DTensor.from_local(_local(value), mesh, [Shard(value.split_axis)], run_check=False)
-        else:
-            out[key] = value.detach() if isinstance(value, torch.Tensor) else value
-    return out
+    return {key: global_view(value, meshes=meshes) if isinstance(value, torch.Tensor) else value
+            for key, value in model.state_dict(keep_vars=True).items()}
 
 
 def load_sharded_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
@@ -132,22 +152,20 @@ def sharded_optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, 
     tensor-parallel slice (e.g. AdamW's ``exp_avg``) as a ``DTensor`` shard like the parameter, so DCP saves and
     reshards it with the model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    from torch.distributed.tensor import DTensor, Shard
 
     module = _unwrapped(model)
     osd = get_optimizer_state_dict(module, _torch_optimizer(optimizer), options=StateDictOptions(full_state_dict=False))
-    params = dict(module.named_parameters())
-    meshes: dict[int, Any] = {}
-    for fqn, entry in list(osd["state"].items()):
-        p = params.get(fqn)
-        if p is None or not is_split(p):
-            continue
-        mesh = _mesh_of(p.mp_group, meshes, p.device.type)
-        osd["state"][fqn] = {  # a new dict: torch's entries may be the optimizer's own
-            name: DTensor.from_local(_local(value), mesh, [Shard(p.split_axis)], run_check=False)
-            if isinstance(value, torch.Tensor) and value.shape == p.shape else value
-            for name, value in entry.items()}
+    meshes: dict[int, Any] = {}  # a new dict per parameter: torch's entries may be the optimizer's own
+    osd["state"] = {fqn: {k: view_like(module.get_parameter(fqn), v, meshes) for k, v in entry.items()}
+                    for fqn, entry in osd["state"].items()}
     return osd
+
+
+def view_like(param: torch.Tensor | None, value: Any, meshes: dict[int, Any]) -> Any:
+    """An optimizer state value laid out like ``param`` (AdamW's ``exp_avg``, not ``step``) as its
+    :func:`global_view`; any other value as it is."""
+    like = param is not None and isinstance(value, torch.Tensor) and value.shape == param.shape
+    return global_view(param, value, meshes) if like else value
 
 
 def load_sharded_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:

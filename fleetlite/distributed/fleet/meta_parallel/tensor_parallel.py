@@ -106,3 +106,7 @@ class TensorParallel(DataParallel):
     def load_full_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load the single-process model's state: each rank keeps its slices."""
         return hybrid_state.load_full_state_dict(self._layers, state_dict, strict=strict)
+
+    def state_layout(self) -> Any:
+        """How this rank's state sits in the full model's (the ``WrappedModel`` protocol; Note [hybrid full state])."""
+        return hybrid_state.state_layout(self._layers)

@@ -392,6 +392,12 @@ class PipelineParallel(WrappedModel):
 
         return load_full_state_dict(self._layers, state_dict, strict=strict)
 
+    def state_layout(self) -> Any:
+        """How this rank's state sits in the full model's (the ``WrappedModel`` protocol; Note [hybrid full state])."""
+        from ..hybrid_state import state_layout
+
+        return state_layout(self._layers)
+
     def agree_buffers(self) -> None:
         """Give this stage's data-parallel replicas the first replica's buffers (collective over the data-parallel
         group; each stage holds its own buffers, so never over the world)."""

@@ -268,6 +268,9 @@ class PipelineLayer(nn.Module):
             raise NotImplementedError(f"recompute_ctx {sorted(ctx)} (activation offload/partition) is not supported; "
                                       "recompute_interval alone recomputes inside each stage")
         self._layers_desc = list(layers)
+        if num_stages and len(self._layers_desc) < num_stages:  # before the layout: the world may not fit either
+            raise ValueError(f"the pipeline has {len(self._layers_desc)} layer(s) for {num_stages} stages: every "
+                             "stage needs at least one layer; use fewer stages (pp_degree) or describe more layers")
         if isinstance(loss_fn, (list, tuple)) and (not loss_fn or not all(callable(f) for f in loss_fn)):
             raise ValueError(f"loss_fn={list(loss_fn)!r} is not a list of loss functions; give one, a non-empty "
                              "list of callables (train_batch's loss_fn_idx picks the trained one), or None")

@@ -11,8 +11,10 @@ Note [pipeline rank layout]: without a topology the ranks are laid out as
 Paddle's default ``CommunicateTopology(["data", "pipe", "model"], [dp, pp, 1])``:
 rank ``r`` is stage ``r % pp`` of pipeline ``r // pp``. With a topology (or a
 ``HybridCommunicateGroup``'s) its ``get_coord(rank).pipe`` and
-``get_comm_list("pipe")`` decide. Every rank creates every group in the same
-order (``new_group`` is collective).
+``get_comm_list("pipe")`` decide. Either way the layout is read from the topology's
+:class:`~fleetlite.distributed.fleet.plan.ParallelPlan` (its ``pp`` coordinate, degree and
+``comm_list("pp")``: :func:`stage_plan`), as ``fleet``'s groups are. Every rank creates every
+group in the same order (``new_group`` is collective).
 
 Example (2 ranks, each builds one of the two ``Linear`` layers)::
 

@@ -161,20 +161,29 @@ def _collectives_issued(p2p: dict[int, int]) -> dict[str, int]:
     return issued
 
 
-def _leave_together(rank: int, world_size: int) -> None:
+def _default_store():
+    """The job's store while a default process group exists, else None."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
+
+
+def _leave_together(rank: int, world_size: int, store=None) -> None:
     """Rank 0 hosts the job's store: it stays until every rank is done with it.
 
     A rank that finishes early (a refusal, say) would otherwise take the store down while its peers are still
-    building their groups through it ("Connection reset by peer" on those ranks). Bounded by the load-scaled
+    building their groups through it ("Connection reset by peer" on those ranks). ``store`` is the one kept
+    from the start, for a rank whose ``fn`` destroyed its process group itself (a clean shutdown): it still
+    says it is done, rather than leaving rank 0 waiting out the whole timeout. Bounded by the load-scaled
     timeout; a rank that never arrives (killed on purpose) only delays rank 0's exit.
     """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    store = _default_store() or store
+    if store is None:
         return
-    from torch.distributed import distributed_c10d as c10d
-
     key = "fleetlite/testing/done"
     try:
-        store = c10d._get_default_store()
         store.add(key, 1)
         if rank == 0:
             deadline = time.monotonic() + 30.0 * timeout_scale()
@@ -193,9 +202,11 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, fil
     warnings._filters_mutated()
     torch.set_num_threads(1)
     p2p = _count_p2p()
+    store = None
     try:
         if init:
             dist.init_parallel_env(backend="gloo")
+            store = _default_store()
         out = fn(rank, world_size, *args, **kwargs)
         # serialise here: tensors sent through the queue as shared memory die with this process
         buf = io.BytesIO()
@@ -205,7 +216,7 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, results, env, init, fil
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
         if linger:
-            _leave_together(rank, world_size)
+            _leave_together(rank, world_size, store)
         try:
             dist.destroy_process_group()
         except Exception:

@@ -63,6 +63,20 @@ def test_a_rank_exiting_non_zero_after_its_result_fails():
         run_ranks(_exit_7_after_returning, timeout=100)
 
 
+def _rank_one_shuts_down_itself(rank, world):
+    if rank == 1:
+        tdist.destroy_process_group()  # a clean shutdown inside fn: its group is gone before run_ranks' teardown
+    return rank
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_destroyed_its_group_does_not_keep_rank_0_waiting():
+    # rank 0 hosts the store and waits for every rank to say it is done (up to 30 s, scaled) before it exits; a
+    # rank whose group is gone still says so, through the store kept from the start: rank 0 exits at once, well
+    # within this run's own 20 s (scaled), which rank 0 waiting out its 30 s would overrun ("did not exit")
+    assert run_ranks(_rank_one_shuts_down_itself, timeout=20) == [0, 1]
+
+
 def _warns_from(rank, world, module):
     warnings.warn_explicit("a warning from fleetlite's code", UserWarning, "x.py", 1, module=module)
     return rank

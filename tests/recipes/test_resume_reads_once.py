@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,10 +63,20 @@ def _run(args: list[str], cwd: Path, counting: Path | None = None, watch: Path |
     return proc
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A run stopped in epoch 2 by max_steps=6: checkpoints to resume. Both tests resume from it (a copy each),
+    so the recipe trains this start once per module rather than once per test."""
+    base = tmp_path_factory.mktemp("stopped")
+    _run([*TINY, f"run_dir={base / 'run'}", "trainer.max_steps=6"], base)
+    assert (base / "run" / "checkpoints" / "latest.pt").is_file()
+    return base / "run"
+
+
 @pytest.mark.timeout(300)
-def test_resume_latest_reads_the_checkpoint_once(tmp_path):
+def test_resume_latest_reads_the_checkpoint_once(stopped_run, tmp_path):
     run_dir = tmp_path / "run"
-    _run([*TINY, f"run_dir={run_dir}", "trainer.max_steps=6"], tmp_path)  # stops in epoch 2: checkpoints to resume
+    shutil.copytree(stopped_run, run_dir)  # this test's own copy: its resume writes more checkpoints there
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "latest.pt").is_file()
 
@@ -78,13 +89,11 @@ def test_resume_latest_reads_the_checkpoint_once(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_resume_from_a_named_file_reads_it_once(tmp_path):
-    run_dir = tmp_path / "run"
-    _run([*TINY, f"run_dir={run_dir}", "trainer.max_steps=6"], tmp_path)
+def test_resume_from_a_named_file_reads_it_once(stopped_run, tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
     ckpt = saved / "step6.pt"
-    ckpt.write_bytes((run_dir / "checkpoints" / "latest.pt").read_bytes())
+    ckpt.write_bytes((stopped_run / "checkpoints" / "latest.pt").read_bytes())
 
     counts = tmp_path / "counts.json"
     _run([*TINY, f"run_dir={tmp_path / 'run2'}", f"resume={ckpt}"], tmp_path, counting=counts, watch=saved)

@@ -33,10 +33,23 @@ def _fit(rank, world, stage):
     return t.get_weights(), t.global_step
 
 
+@pytest.fixture(scope="module")
+def _runs() -> dict:
+    return {}
+
+
+@pytest.fixture
+def ddp(clean_dist_env, _runs):
+    """The plain data-parallel run both stages are compared with: the same for each, so run once per module
+    (the first time, under clean_dist_env as the stages' runs are)."""
+    if "ddp" not in _runs:
+        _runs["ddp"] = run_ranks(_fit, args=(None,), timeout=100)
+    return _runs["ddp"]
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("stage", [2, 3])
-def test_unsized_loader_with_gradient_merge_matches_ddp(stage, clean_dist_env):
-    ddp = run_ranks(_fit, args=(None,), timeout=100)
+def test_unsized_loader_with_gradient_merge_matches_ddp(stage, clean_dist_env, ddp):
     for (weights, steps), (ref, ref_steps) in zip(run_ranks(_fit, args=(stage,), timeout=100), ddp):
         assert steps == ref_steps == 4  # per epoch: a full window of 3 and the flushed one of 2
         assert max_abs_diff(ref, weights) <= 1e-6

@@ -36,8 +36,8 @@ def schedule_class(mode: str, n: int, stages: int, virtual: int) -> type:
 
 
 def split_micro_batches(value: Any, n: int, size: int, what: str) -> list[Any]:
-    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple or dict of tensors; a list is the micro-batches
-    already (Paddle's list form: one entry per micro-batch); other values repeat."""
+    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple or dict of tensors; a list is the
+    micro-batches already (Paddle's list form: one entry per micro-batch); other values repeat."""
     if isinstance(value, list):
         if len(value) != n:
             raise ValueError(f"the {what} micro-batches are a list of {len(value)} but accumulate_steps is {n}; "

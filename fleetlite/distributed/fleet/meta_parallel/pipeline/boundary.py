@@ -57,9 +57,11 @@ class BoundaryStage(PipelineStage):
     _last_output: Any = None
 
     def flatten_inputs(self, micro_batches: list[Any]) -> list[tuple[torch.Tensor, ...]]:
-        """The first stage's micro-batches as tuples of tensors; their structure is kept for the layers."""
+        """The input micro-batches as tuples of tensors (on every stage: a bad batch fails everywhere); the first
+        stage keeps their structure for its layers."""
         flat = [flatten_boundary(m, "the pipeline's input") for m in micro_batches]
-        self._in_spec = flat[0][1] if flat else None
+        if self.is_first:
+            self._in_spec = flat[0][1] if flat else None
         return [leaves for leaves, _ in flat]
 
     def _call(self, leaves: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

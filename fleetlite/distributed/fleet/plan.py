@@ -326,6 +326,23 @@ class ParallelPlan:
         index = tuple(slice(None) if a in axes else where.get(a, 0) for a in self.order)
         return sorted(self._grid[index].flatten().tolist()) if self.order else [0]
 
+    def comm_list(self, name: str) -> list[list[int]]:
+        """Every group of ``name`` (an axis or a group of :data:`GROUPS`), one per position on the other axes,
+        each in mesh order: Paddle's ``CommunicateTopology.get_comm_list`` (``comm_list("pp")``: every pipeline's
+        ranks by stage).
+
+        Example::
+
+            ParallelPlan({"dp": 2, "pp": 2}, ("dp", "pp"), 4, rank=0).comm_list("pp")   # [[0, 1], [2, 3]]
+        """
+        axes = self._axes(name)
+        if not self.order:
+            return [[0]]
+        inner = [i for i, a in enumerate(self.order) if a in axes]
+        outer = [i for i, a in enumerate(self.order) if a not in axes]
+        size = prod(self._grid.shape[i] for i in inner)
+        return self._grid.permute(*outer, *inner).reshape(-1, size).tolist()
+
     def group_or_default(self, name: str) -> Any:
         """The process group ``name`` for a collective's ``group=``: None (torch's default group) when it spans every
         rank, so that no mesh is built for it (a data-parallel plan's ``data`` group is the world); else

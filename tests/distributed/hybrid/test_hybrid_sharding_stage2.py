@@ -273,8 +273,6 @@ def test_trainer_sharding2_stage2_equals_one_process(kind, clip, trainer_runs):
 
 
 @pytest.mark.parametrize("fields, hybrid, error, match", [
-    ({"sharding": True, "sharding_configs": {"stage": 3}}, {"pp_degree": 2, "mp_degree": 2, "sharding_degree": 2},
-     NotImplementedError, "stage 3 runs beside mp_degree > 1 or beside pp_degree > 1"),
     ({"sharding": True, "sharding_configs": {"stage": 2}, "fp16_allreduce": True},
      {"mp_degree": 2, "sharding_degree": 2}, NotImplementedError, "fp16_allreduce with sharding stage 2"),
     ({"sharding": True, "sharding_configs": {"stage": 2, "offload": True}}, {"pp_degree": 2, "sharding_degree": 2},

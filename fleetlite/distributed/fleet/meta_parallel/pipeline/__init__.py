@@ -4,6 +4,7 @@ this rank builds) and ``PipelineParallel`` (``train_batch`` / ``eval_batch`` on 
 ``PipelineParallel`` is imported on first use: ``torch.distributed.pipelining`` takes about a second to import.
 """
 
+import importlib
 from typing import Any
 
 from .layers import LayerDesc, PipelineLayer, SegmentLayers, SharedLayerDesc
@@ -11,9 +12,10 @@ from .layers import LayerDesc, PipelineLayer, SegmentLayers, SharedLayerDesc
 __all__ = ["LayerDesc", "SharedLayerDesc", "SegmentLayers", "PipelineLayer", "PipelineParallel"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "PipelineParallel":
-        from .parallel import PipelineParallel
+_LAZY = {"PipelineParallel": ".parallel"}
 
-        return PipelineParallel
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

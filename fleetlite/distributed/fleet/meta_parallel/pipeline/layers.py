@@ -11,8 +11,10 @@ Note [pipeline rank layout]: without a topology the ranks are laid out as
 Paddle's default ``CommunicateTopology(["data", "pipe", "model"], [dp, pp, 1])``:
 rank ``r`` is stage ``r % pp`` of pipeline ``r // pp``. With a topology (or a
 ``HybridCommunicateGroup``'s) its ``get_coord(rank).pipe`` and
-``get_comm_list("pipe")`` decide. Every rank creates every group in the same
-order (``new_group`` is collective).
+``get_comm_list("pipe")`` decide. Either way the layout is read from the topology's
+:class:`~fleetlite.distributed.fleet.plan.ParallelPlan` (its ``pp`` coordinate, degree and
+``comm_list("pp")``: :func:`stage_plan`), as ``fleet``'s groups are. Every rank creates every
+group in the same order (``new_group`` is collective).
 
 Example (2 ranks, each builds one of the two ``Linear`` layers)::
 
@@ -37,6 +39,9 @@ import torch
 import torch.distributed as td
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from ...base.topology import PADDLE_TO_MESH, CommunicateTopology
+from ...plan import ParallelPlan
 
 logger = logging.getLogger("fleetlite")
 
@@ -187,28 +192,45 @@ class SegmentLayers:
 
 @dataclass
 class StageLayout:
-    """Where this rank sits in the pipelines: its stage, and every pipeline's ranks ordered by stage."""
+    """Where this rank sits in the pipelines: its stage, and every pipeline's ranks ordered by stage, as the
+    :class:`~fleetlite.distributed.fleet.plan.ParallelPlan` of the topology lays them out (Note [pipeline rank
+    layout])."""
 
     stage_id: int
     num_stages: int
     pipelines: list[list[int]]  # one list per pipeline (data/model/sharding coordinate), ranks by stage
 
     @classmethod
+    def of_plan(cls, plan: ParallelPlan) -> StageLayout:
+        """The layout the plan gives: its ``pp`` coordinate and degree, and its ``pp`` groups."""
+        return cls(plan.coord["pp"], plan.pp, plan.comm_list("pp"))
+
+    @classmethod
     def resolve(cls, num_stages: int | None, topology: Any | None) -> StageLayout:
-        rank, world = (td.get_rank(), td.get_world_size()) if td.is_initialized() else (0, 1)
-        if topology is not None:  # Paddle's CommunicateTopology (duck-typed)
-            pp = topology.get_dim_size("pipe") if hasattr(topology, "get_dim_size") else topology.get_dim("pipe")
-            if num_stages and num_stages != pp:
-                raise ValueError(f"num_stages={num_stages} but the topology has {pp} pipeline stages; "
-                                 "pass one or make them agree")
-            return cls(topology.get_coord(rank).pipe, pp, [list(r) for r in topology.get_comm_list("pipe")])
+        """The layout of ``PipelineLayer(num_stages=, topology=)`` (Paddle's arguments and checks)."""
+        return cls.of_plan(stage_plan(num_stages, topology))
+
+
+def stage_plan(num_stages: int | None, topology: Any | None) -> ParallelPlan:
+    """The plan of a ``PipelineLayer``'s topology: ``topology``'s axes (a ``CommunicateTopology``, an HCG's), else
+    Paddle's default ``CommunicateTopology(["data", "pipe", "model"], [world // num_stages, num_stages, 1])``;
+    no process group is created. Paddle's checks: ``num_stages`` agrees with the topology's pipe degree and
+    divides the world size (Note [pipeline rank layout])."""
+    rank, world = (td.get_rank(), td.get_world_size()) if td.is_initialized() else (0, 1)
+    if topology is None:
         if not num_stages:
             raise ValueError("PipelineLayer needs num_stages or topology (e.g. topology=hcg.topology())")
         if world % num_stages:
             raise ValueError(f"num_stages={num_stages} does not divide the world size {world}; use a number of "
                              "stages that divides the number of ranks")
-        pipelines = [[d * num_stages + s for s in range(num_stages)] for d in range(world // num_stages)]
-        return cls(rank % num_stages, num_stages, pipelines)
+        topology = CommunicateTopology(["data", "pipe", "model"], [world // num_stages, num_stages, 1])
+    names = topology.get_hybrid_group_names()
+    pp = topology.get_dim("pipe")
+    if num_stages and num_stages != pp:
+        raise ValueError(f"num_stages={num_stages} but the topology has {pp} pipeline stages; "
+                         "pass one or make them agree")
+    return ParallelPlan({PADDLE_TO_MESH.get(n, n): topology.get_dim(n) for n in names},
+                        [PADDLE_TO_MESH.get(n, n) for n in names], topology.world_size(), rank=rank)
 
 
 class _PipelineChunk(nn.Module):
@@ -261,7 +283,7 @@ class PipelineLayer(nn.Module):
             raise NotImplementedError(f"recompute_ctx {sorted(ctx)} (activation offload/partition) is not supported; "
                                       "recompute_interval alone recomputes inside each stage")
         self._layers_desc = list(layers)
-        if num_stages and len(self._layers_desc) < num_stages:
+        if num_stages and len(self._layers_desc) < num_stages:  # before the layout: the world may not fit either
             raise ValueError(f"the pipeline has {len(self._layers_desc)} layer(s) for {num_stages} stages: every "
                              "stage needs at least one layer; use fewer stages (pp_degree) or describe more layers")
         if isinstance(loss_fn, (list, tuple)) and (not loss_fn or not all(callable(f) for f in loss_fn)):
@@ -352,11 +374,8 @@ class PipelineLayer(nn.Module):
     def _construct_shared_comm(self) -> dict[str, dict[str, Any]]:
         """One group per (shared key, pipeline) over the stages holding that key (Note [pipeline rank layout])."""
         comm: dict[str, dict[str, Any]] = {}
-        if self._num_stages == 1:
-            return comm
         keys = sorted({d.layer_name for d in self._layers_desc if isinstance(d, SharedLayerDesc)})
-        rank = td.get_rank()
-        for key in keys:
+        for key in keys:  # with one stage no key spans two stages: no group (nor process group) is needed
             stages = sorted({self.get_stage_from_index(i) for i, d in enumerate(self._layers_desc)
                              if isinstance(d, SharedLayerDesc) and d.layer_name == key})
             if len(stages) < 2:
@@ -364,7 +383,7 @@ class PipelineLayer(nn.Module):
             for pipeline in self._layout.pipelines:
                 ranks = [pipeline[s] for s in stages]
                 group = td.new_group(ranks=ranks)
-                if rank in ranks:
+                if td.get_rank() in ranks:
                     comm[key] = {"ranks": ranks, "group": group, "weight_attr": self.shared_weight_attrs[key],
                                  "layer": self.shared_layers[key]}
         return comm

@@ -231,15 +231,14 @@ class PipelineParallel(WrappedModel):
         # every stage checks the batch (all get [inputs, labels]): a bad size fails everywhere, never a hang
         input_mbs = _split(inputs, n, size, "input")
         label_mbs = _split(labels, n, size, "label") if compute_loss else []
-        kw: dict[str, Any] = {}
-        if self.is_pipeline_first_stage:
-            kw["arg_mbs"] = self._stage.flatten_inputs(input_mbs)  # Note [pipeline boundaries]
+        # every stage gets the micro-batches, as in Paddle; torch's schedule gives them to the stage whose place
+        # uses them (the inputs to the first stage, the targets to the last); as tensors: Note [pipeline boundaries]
+        kw: dict[str, Any] = {"arg_mbs": self._stage.flatten_inputs(input_mbs)}
         self._mb_losses = {}
-        if self.is_pipeline_last_stage:
-            # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
-            # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
-            self._label_mbs = label_mbs if compute_loss else None
-            kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
+        # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
+        # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave
+        self._label_mbs = label_mbs if compute_loss else None
+        kw["target_mbs"] = [torch.tensor(i) for i in range(n)]
         schedule = self._schedule_obj
         out = schedule.step(**kw) if train else schedule.eval(**kw)
         if train:

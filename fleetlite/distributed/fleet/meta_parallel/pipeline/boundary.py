@@ -66,9 +66,8 @@ class BoundaryStage(PipelineStage):
 
     def _call(self, leaves: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = self._prev_local._out_spec if self._prev_local is not None else self._in_spec
-        if spec is None:
-            raise RuntimeError(f"pipeline stage {self.stage_index} got tensors before the structure they came in; "
-                               "run train_batch / eval_batch, which send it on the first step")
+        if spec is None:  # no structure came with the metadata (another torch's schedule): tensors as torch passes them
+            return self.submod(*leaves, **kwargs)
         value = unflatten_boundary(leaves, spec)
         return self.submod(*value, **kwargs) if type(value) in (tuple, list) else self.submod(value, **kwargs)
 

@@ -44,10 +44,11 @@ from typing import Any
 import torch
 import torch.distributed as td
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 
 from .....parallel.wrapped import WrappedModel
 from ..hybrid_sharding import ShardedGradients, wants_sharded_gradients
+from .boundary import BoundaryStage as PipelineStage  # Note [pipeline boundaries]
+from .boundary import link_stages
 from .layers import PipelineLayer
 from .schedules import schedule_class as _schedule_class
 from .schedules import split_micro_batches as _split
@@ -107,6 +108,7 @@ class PipelineParallel(WrappedModel):
             total = self.num_stages * len(chunks)
             self._stages = [PipelineStage(c, self.stage_id + i * self.num_stages, total, device, group=self.pp_group)
                             for i, c in enumerate(chunks)]
+        link_stages(self._stages)
         self._stage = self._stages[0]
         # Note [one schedule per stage]; gradients divided by us (Note [pipeline gradients])
         self._schedule_obj = self._make_schedule(schedule_class)
@@ -230,8 +232,8 @@ class PipelineParallel(WrappedModel):
         input_mbs = _split(inputs, n, size, "input")
         label_mbs = _split(labels, n, size, "label") if compute_loss else []
         # every stage gets the micro-batches, as in Paddle; torch's schedule gives them to the stage whose place
-        # uses them (the inputs to the first stage, the targets to the last)
-        kw: dict[str, Any] = {"arg_mbs": [tuple(m) if isinstance(m, (tuple, list)) else (m,) for m in input_mbs]}
+        # uses them (the inputs to the first stage, the targets to the last); as tensors: Note [pipeline boundaries]
+        kw: dict[str, Any] = {"arg_mbs": self._stage.flatten_inputs(input_mbs)}
         self._mb_losses = {}
         # Note [label micro-batches]: torch's schedules take tensor targets only; the schedule gets each
         # micro-batch's index and _micro_loss looks its labels up, in the structure the user gave

@@ -36,8 +36,8 @@ def schedule_class(mode: str, n: int, stages: int, virtual: int) -> type:
 
 
 def split_micro_batches(value: Any, n: int, size: int, what: str) -> list[Any]:
-    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple of tensors; a list is the micro-batches
-    already (Paddle's list form: one entry per micro-batch); other values repeat."""
+    """``n`` micro-batches of ``size`` rows of a tensor or (nested) tuple or dict of tensors; a list is the
+    micro-batches already (Paddle's list form: one entry per micro-batch); other values repeat."""
     if isinstance(value, list):
         if len(value) != n:
             raise ValueError(f"the {what} micro-batches are a list of {len(value)} but accumulate_steps is {n}; "
@@ -53,4 +53,7 @@ def split_micro_batches(value: Any, n: int, size: int, what: str) -> list[Any]:
     if isinstance(value, tuple):
         parts = [split_micro_batches(v, n, size, what) for v in value]
         return [tuple(p[i] for p in parts) for i in range(n)]
+    if isinstance(value, dict):  # Paddle's dict batches ({"x": img, "z": None}): each entry split alike
+        split = {k: split_micro_batches(v, n, size, what) for k, v in value.items()}
+        return [{k: p[i] for k, p in split.items()} for i in range(n)]
     return [value] * n

@@ -358,8 +358,8 @@ class DistributedStrategy:
         if hybrid["sep_degree"] > 1 and (beside or self.sharding_enabled):  # meta_parallel/segment_parallel.py
             raise NotImplementedError(
                 f"hybrid_configs['sep_degree'] = {hybrid['sep_degree']} beside {', '.join(beside) or 'sharding'} is "
-                "not implemented by fleetlite (yet): segment parallelism runs with dp_degree and mp_degree; set the others "
-                "to 1 (and strategy.sharding = False)")
+                "not implemented by fleetlite (yet): segment parallelism runs with dp_degree and mp_degree; set the "
+                "others to 1 (and strategy.sharding = False)")
         model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
         if self.sharding_enabled and model > 1:  # (hsd > 1 turns sharding on)
             self._check_hybrid_sharding()

@@ -208,7 +208,7 @@ def test_split_inputs_sequence_dim_as_paddle():
 ])
 def test_sep_beside_pp_or_sharding_is_refused_in_one_line(hybrid, beside):
     DistributedStrategy.from_dict({"hybrid_configs": {"sep_degree": 2}}).check_supported(2)  # sep alone runs
-    DistributedStrategy.from_dict({"hybrid_configs": {"sep_degree": 2, "mp_degree": 2}}).check_supported(4)  # and with mp
+    DistributedStrategy.from_dict({"hybrid_configs": {"sep_degree": 2, "mp_degree": 2}}).check_supported(4)  # with mp
     s = DistributedStrategy.from_dict({"hybrid_configs": hybrid})
     with pytest.raises(NotImplementedError, match=f"sep_degree'\\] = 2 beside {beside}") as info:
         s.check_supported(4)

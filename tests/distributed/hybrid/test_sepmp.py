@@ -19,8 +19,11 @@ from hybrid_models import copy_from, init_fleet, local_slice
 
 import fleetlite.distributed.fleet as fleet
 from fleetlite.distributed.fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
-from fleetlite.distributed.fleet.meta_parallel.segment_parallel import heads_to_sequence, segment_attention, \
-    sequence_to_heads
+from fleetlite.distributed.fleet.meta_parallel.segment_parallel import (
+    heads_to_sequence,
+    segment_attention,
+    sequence_to_heads,
+)
 from fleetlite.testing import run_ranks
 
 DIM, HEADS, SEQ, BATCH, STEPS, LR = 16, 4, 8, 2, 3, 0.5

@@ -354,12 +354,12 @@ class DistributedStrategy:
                 f"{default!r}. fleetlite runs data parallelism with amp, recompute, gradient_merge, sync_batch_norm, "
                 "fp16_allreduce, sharding stages 1-3, lamb, lars, localsgd, adaptive_localsgd and dgc.")
         hybrid = self._values["hybrid_configs"]
-        beside = [f"{k}={hybrid[k]}" for k in ("mp_degree", "pp_degree", "sharding_degree") if hybrid[k] > 1]
+        beside = [f"{k}={hybrid[k]}" for k in ("pp_degree", "sharding_degree") if hybrid[k] > 1]
         if hybrid["sep_degree"] > 1 and (beside or self.sharding_enabled):  # meta_parallel/segment_parallel.py
             raise NotImplementedError(
                 f"hybrid_configs['sep_degree'] = {hybrid['sep_degree']} beside {', '.join(beside) or 'sharding'} is "
-                "not implemented by fleetlite (yet): segment parallelism runs with dp_degree alone; set the others "
-                "to 1 (and strategy.sharding = False)")
+                "not implemented by fleetlite (yet): segment parallelism runs with dp_degree and mp_degree; set the "
+                "others to 1 (and strategy.sharding = False)")
         model = hybrid["mp_degree"] * hybrid["pp_degree"] * hybrid["sep_degree"]
         if self.sharding_enabled and model > 1:  # (hsd > 1 turns sharding on)
             self._check_hybrid_sharding()

@@ -203,12 +203,12 @@ def test_split_inputs_sequence_dim_as_paddle():
 
 
 @pytest.mark.parametrize("hybrid, beside", [
-    ({"sep_degree": 2, "mp_degree": 2}, "mp_degree=2"),
     ({"sep_degree": 2, "pp_degree": 2}, "pp_degree=2"),
     ({"sep_degree": 2, "sharding_degree": 2}, "sharding_degree=2"),
 ])
-def test_sep_beside_mp_pp_or_sharding_is_refused_in_one_line(hybrid, beside):
+def test_sep_beside_pp_or_sharding_is_refused_in_one_line(hybrid, beside):
     DistributedStrategy.from_dict({"hybrid_configs": {"sep_degree": 2}}).check_supported(2)  # sep alone runs
+    DistributedStrategy.from_dict({"hybrid_configs": {"sep_degree": 2, "mp_degree": 2}}).check_supported(4)  # with mp
     s = DistributedStrategy.from_dict({"hybrid_configs": hybrid})
     with pytest.raises(NotImplementedError, match=f"sep_degree'\\] = 2 beside {beside}") as info:
         s.check_supported(4)

@@ -29,6 +29,12 @@ Example::
     model = fleet.distributed_model(MyTransformer())        # a SegmentParallel
     ids, labels = split_inputs_sequence_dim([ids, labels])   # this rank's part of the sequence
     # in the attention: q, k, v = (sequence_to_heads(t) for t in (q, k, v)); out = heads_to_sequence(attn(q, k, v))
+
+Beside tensor parallelism (``mp_degree > 1``, Paddle's order ``[..., "sep", "mp"]``) the heads are split over mp
+first (a ``ColumnParallelLinear(gather_output=False)`` gives this rank ``heads / mp`` of them); the all-to-all
+over the sep group then moves between the sequence split and the split of those local heads, so
+``heads / mp`` must divide by ``sep``. ``fleet.distributed_model`` gives a ``TensorParallel`` whose engine
+averages every gradient over dp × sep (the same rule as above; the mp slices stay each rank's own).
 """
 
 from __future__ import annotations
@@ -111,6 +117,12 @@ def sequence_offset(local_len: int, sep_rank: int | None = None) -> int:
 
 
 def _check_split(x: torch.Tensor, axis: int, sep: int, what: str) -> None:
+    hcg = _hcg()
+    mp = hcg.get_model_parallel_world_size() if hcg is not None else 1
+    if x.shape[axis] % sep and what == "heads" and mp > 1:  # heads split over mp first, then this rank's over sep
+        raise ValueError(f"segment parallelism splits this rank's {x.shape[axis]} attention heads (heads / mp_degree "
+                         f"{mp}) over sep_degree {sep} ranks, but {x.shape[axis]} is not a multiple of {sep}: make "
+                         f"the number of heads a multiple of mp_degree x sep_degree = {mp * sep}")
     if x.shape[axis] % sep:
         raise ValueError(f"segment parallelism splits the {what} axis {axis} of a {tuple(x.shape)} tensor over "
                          f"sep_degree {sep} ranks, but {x.shape[axis]} is not a multiple of {sep}: make the "
@@ -214,14 +226,14 @@ class ReshardLayer(nn.Module):
 
 
 def check_segment_parallel(hcg: Any) -> None:
-    """Segment parallelism runs beside data parallelism only: one line for the rest, before any work."""
-    others = {"mp_degree": hcg.get_model_parallel_world_size(), "pp_degree": hcg.get_pipe_parallel_world_size(),
+    """Segment parallelism runs beside data and tensor parallelism only: one line for the rest, before any work."""
+    others = {"pp_degree": hcg.get_pipe_parallel_world_size(),
               "sharding_degree": hcg.get_sharding_parallel_world_size()}
     beside = [f"{k}={v}" for k, v in others.items() if v > 1]
     if beside:
         raise NotImplementedError(
             f"sep_degree={hcg.get_sep_parallel_world_size()} beside {', '.join(beside)} is not implemented by "
-            "fleetlite (yet): segment parallelism runs with dp_degree alone; set the other degrees to 1")
+            "fleetlite (yet): segment parallelism runs with dp_degree and mp_degree; set the other degrees to 1")
 
 
 class SegmentParallel(DataParallel):

@@ -22,6 +22,7 @@ from ....utils.user_warning import warn_once
 from . import hybrid_state
 from .hybrid_sharding import ShardedGradients, wants_sharded_gradients
 from .mp_layers import is_split
+from .segment_parallel import check_segment_parallel
 
 __all__ = ["TensorParallel"]
 
@@ -40,7 +41,9 @@ class TensorParallel(DataParallel):
     checkpoint see :func:`~fleetlite.distributed.fleet.meta_parallel.sharded_state_dict`. With sharding stage 2
     (``strategy.sharding_configs['stage'] == 2``) the engine's buckets are not used: at the end of a synced
     backward each gradient is reduced to the sharding rank whose optimizer partition owns it and freed on the
-    others (``sharded_grads``: Note [hybrid sharding stage 2]).
+    others (``sharded_grads``: Note [hybrid sharding stage 2]). Beside segment parallelism (``sep_degree > 1``)
+    the engine runs over dp × sep instead (``hcg.get_dp_sep_parallel_group()``): each sep rank's gradient comes
+    from its part of the sequence, and their mean is the full sequence's (Note [segment parallelism]).
 
     Example::
 
@@ -62,8 +65,12 @@ class TensorParallel(DataParallel):
                           "TensorParallel replicates such layers); use those layers, or give the ranks to dp_degree "
                           "instead")
             broadcast_coalesced([t.data for t in replicated + list(layers.buffers())], hcg.get_model_parallel_group())
+        sep = hcg.get_sep_parallel_world_size()
+        if sep > 1:  # Note [segment parallelism]: sep splits each sample's sequence, so it averages like dp
+            check_segment_parallel(hcg)
         self._grad_stage2 = wants_sharded_gradients(hcg, strategy)  # read by _build_reducer in super().__init__
-        super().__init__(layers, group=hcg.get_data_sharding_parallel_group(), **dp_kwargs)  # dp × sharding
+        group = hcg.get_dp_sep_parallel_group() if sep > 1 else hcg.get_data_sharding_parallel_group()
+        super().__init__(layers, group=group, **dp_kwargs)  # dp × sharding, or dp × sep beside segment parallelism
         self._hcg = hcg
         self._strategy = strategy
         #: stage 2: the reduction to the gradients' owners (None: the engine averages every gradient)

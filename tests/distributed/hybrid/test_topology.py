@@ -101,7 +101,8 @@ def _bad(rank, world, hybrid):
 @pytest.mark.parametrize("hybrid, match", [
     ({"dp_degree": 2, "mp_degree": 2}, "dp_degree'] = 2 does not fit 2 ranks"),
     ({"mp_degree": 4}, "do not divide the 2 ranks"),
-    ({"sep_degree": 2, "mp_degree": 2}, "beside mp_degree=2 is not implemented"),  # sep alone: test_segment_parallel
+    # sep alone and beside mp run (test_segment_parallel.py, test_sepmp.py); beside pp it is refused first
+    ({"sep_degree": 2, "pp_degree": 2}, "beside pp_degree=2 is not implemented"),
     # sharding next to mp runs (stage 1, test_hybrid_sharding.py); mp 2 x sharding 2 needs 4 ranks
     ({"mp_degree": 2, "sharding_degree": 2}, "mp 2 x pp 1 x sharding 2 x sep 1 = 4 do not divide the 2 ranks"),
 ])
